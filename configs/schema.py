@@ -1,0 +1,289 @@
+"""The pipeline's one typed config.
+
+A recipe is a YAML file validated against `PipelineConfig`; `key.sub=value` overrides from the command line are
+applied before validation, so every error names the field and says what to change. The fully resolved config is
+saved with every run (MLflow artifact `config.yaml`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A recipe or override that cannot be used; the message says which field and how to fix it."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SyntheticTaskConfig(_Section):
+    operations: list[Literal["+", "-", "*"]] = Field(
+        default=["+"], description="Operators drawn uniformly for each problem."
+    )
+    min_digits: int = Field(default=1, ge=1, le=6, description="Fewest digits per operand.")
+    max_digits: int = Field(default=2, ge=1, le=6, description="Most digits per operand.")
+
+    @model_validator(mode="after")
+    def _digits_ordered(self) -> SyntheticTaskConfig:
+        if self.min_digits > self.max_digits:
+            raise ValueError(
+                f"min_digits ({self.min_digits}) is larger than max_digits ({self.max_digits}); lower min_digits"
+            )
+        return self
+
+
+class DataConfig(_Section):
+    source: Literal["synthetic", "file", "hf"] = Field(
+        default="synthetic",
+        description="'synthetic': the built-in arithmetic task; 'file': a local JSONL/Parquet/CSV file (`path`); "
+        "'hf': a Hugging Face dataset by name (`hf_name`).",
+    )
+    synthetic: SyntheticTaskConfig = Field(default_factory=SyntheticTaskConfig)
+    path: str | None = Field(default=None, description="Local .jsonl/.json/.parquet/.csv file (source: file).")
+    hf_name: str | None = Field(default=None, description="Dataset name or local dataset directory (source: hf).")
+    hf_config: str | None = Field(default=None, description="Dataset configuration name (source: hf).")
+    hf_split: str = Field(default="train", description="Split to load (source: hf).")
+    prompt_column: str = Field(default="prompt", description="Source column that holds the question.")
+    answer_column: str = Field(default="answer", description="Source column that holds the reference answer.")
+    completion_column: str | None = Field(
+        default=None,
+        description="Source column with a full target completion for SFT (e.g. worked solutions); "
+        "the answer is used when unset.",
+    )
+    extra_columns: list[str] = Field(
+        default=[], description="Further source columns kept for rewards (e.g. test, entry_point)."
+    )
+    prompt_template: str = Field(
+        default="{prompt}", description="Python format string applied to each row; `{prompt}` is the question."
+    )
+    answer_pattern: str | None = Field(
+        default=None,
+        description="Regex with one group that extracts the final answer from the answer column "
+        "(e.g. '#### (.+)$' for GSM8K); the whole value is used when unset.",
+    )
+    num_train: int = Field(default=4000, ge=1, description="Training problems (rows) after the split.")
+    num_eval: int = Field(default=500, ge=1, description="Held-out problems (rows) for evaluation.")
+    seed: int = Field(default=0, description="Seed for generation, shuffling and the train/eval split.")
+    min_prompt_chars: int = Field(default=1, ge=1, description="Shortest prompt accepted by validation (characters).")
+    max_prompt_chars: int = Field(default=4096, ge=1, description="Longest prompt accepted by validation (characters).")
+
+    @model_validator(mode="after")
+    def _source_has_location(self) -> DataConfig:
+        if self.source == "file" and not self.path:
+            raise ValueError("data.source is 'file' but data.path is not set; set data.path=<file.jsonl|.parquet|.csv>")
+        if self.source == "hf" and not self.hf_name:
+            raise ValueError("data.source is 'hf' but data.hf_name is not set; set data.hf_name=<dataset name or dir>")
+        if "{prompt}" not in self.prompt_template:
+            raise ValueError("data.prompt_template must contain '{prompt}'")
+        return self
+
+
+class TinyModelConfig(_Section):
+    architecture: Literal["qwen2", "llama"] = Field(default="qwen2", description="Decoder family of the tiny model.")
+    hidden_size: int = Field(default=128, ge=8, description="Width of the residual stream.")
+    num_layers: int = Field(default=4, ge=1, description="Decoder layers.")
+    num_heads: int = Field(default=4, ge=1, description="Attention heads (hidden_size must divide by it).")
+    intermediate_size: int = Field(default=512, ge=8, description="MLP width.")
+    max_positions: int = Field(default=128, ge=16, description="Longest sequence, prompt plus completion (tokens).")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TinyModelConfig:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})"
+            )
+        return self
+
+
+class ModelConfig(_Section):
+    base: str = Field(
+        default="tiny",
+        description="'tiny' builds the embedded char-level model locally; otherwise a hub name or a local "
+        "directory loaded with from_pretrained.",
+    )
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
+        default="float32", description="Weights dtype for training; bfloat16 on GPUs."
+    )
+
+
+class SFTConfig(_Section):
+    enabled: bool = Field(default=True, description="Run the SFT warmup; when false GRPO starts from the base model.")
+    epochs: float = Field(default=3.0, gt=0, description="Passes over the training split.")
+    max_steps: int = Field(default=-1, description="Stop after this many optimizer steps (-1: use epochs).")
+    learning_rate: float = Field(default=1e-3, gt=0, description="Peak learning rate.")
+    batch_size: int = Field(default=64, ge=1, description="Examples per optimizer step.")
+    warmup_ratio: float = Field(default=0.05, ge=0, le=1, description="Fraction of steps for linear warmup.")
+
+
+class RewardSpec(_Section):
+    name: str = Field(description="A registered reward name or a dotted path 'pkg.module:function'.")
+    weight: float = Field(default=1.0, description="Weight in the summed reward.")
+    params: dict[str, Any] = Field(default={}, description="Keyword arguments for the reward's factory.")
+
+
+class GRPOConfig(_Section):
+    rounds: int = Field(
+        default=1, ge=1, description="Iterative GRPO rounds; each starts from the last policy and resets the reference."
+    )
+    steps_per_round: int = Field(default=200, ge=1, description="Optimizer steps in each round.")
+    prompts_per_step: int = Field(default=8, ge=1, description="Distinct prompts sampled per optimizer step.")
+    generations_per_prompt: int = Field(
+        default=8, ge=2, description="Completions per prompt (the group size G); at least 2 for a baseline."
+    )
+    learning_rate: float = Field(default=1e-4, gt=0, description="Peak learning rate.")
+    beta: float = Field(default=0.0, ge=0, description="KL coefficient against the reference model; 0 disables it.")
+    epsilon: float = Field(default=0.2, gt=0, description="PPO-style clipping range of the importance ratio.")
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = Field(
+        default="dapo", description="Loss aggregation (TRL's loss_type)."
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        default="group", description="Divide advantages by the group's ('group'), batch's or no ('none') reward std."
+    )
+    temperature: float = Field(default=1.0, gt=0, description="Sampling temperature for rollouts.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling for rollouts.")
+    max_completion_tokens: int = Field(default=8, ge=1, description="Longest rollout completion (tokens).")
+    warmup_ratio: float = Field(default=0.0, ge=0, le=1, description="Fraction of steps for linear warmup.")
+    rewards: list[RewardSpec] = Field(
+        default=[RewardSpec(name="correctness"), RewardSpec(name="format", weight=0.2)],
+        min_length=1,
+        description="Rewards summed with their weights.",
+    )
+    use_vllm: bool | Literal["auto"] = Field(
+        default="auto", description="Generate rollouts with vLLM: true, false, or 'auto' (when CUDA and vllm exist)."
+    )
+    log_every_steps: int = Field(default=10, ge=1, description="Logging interval (steps) for metrics.")
+
+
+class EvalConfig(_Section):
+    max_problems: int | None = Field(default=None, ge=1, description="Evaluate on at most this many held-out rows.")
+    n_samples: int = Field(default=8, ge=1, description="Sampled completions per problem for pass@k (n).")
+    k: list[int] = Field(default=[1, 4, 8], min_length=1, description="The k values of pass@k (each <= n_samples).")
+    temperature: float = Field(default=1.0, gt=0, description="Sampling temperature for pass@k.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling for pass@k.")
+    max_new_tokens: int = Field(default=8, ge=1, description="Longest evaluated completion (tokens).")
+    batch_size: int = Field(default=256, ge=1, description="Prompts per generation batch.")
+    correctness_reward: str = Field(
+        default="correctness", description="The reward (name or dotted path) that decides if a completion is correct."
+    )
+
+    @model_validator(mode="after")
+    def _k_fits_n(self) -> EvalConfig:
+        too_big = [k for k in self.k if k > self.n_samples]
+        if too_big:
+            raise ValueError(f"eval.k values {too_big} exceed eval.n_samples={self.n_samples}; raise n_samples or drop them")
+        return self
+
+
+class RegistryConfig(_Section):
+    experiment: str = Field(default="grpo-pipeline", description="MLflow experiment name.")
+    model_name: str = Field(default="tiny-arith-grpo", description="Registered model name in MLflow.")
+    gating_metric: str = Field(
+        default="accuracy", description="Eval metric that decides champion vs challenger (higher is better)."
+    )
+    min_improvement: float = Field(
+        default=0.0, ge=0, description="The new version must beat the champion by more than this to take the alias."
+    )
+    register_each_round: bool = Field(default=True, description="Register every round, not only the last.")
+
+
+class PipelineConfig(_Section):
+    name: str = Field(default="tiny-arith", description="Recipe name; used in run directories and MLflow run names.")
+    run_dir: str = Field(default="runs", description="Where datasets, checkpoints and the local MLflow store live.")
+    seed: int = Field(default=0, description="Global seed for model init, SFT and GRPO.")
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    registry: RegistryConfig = Field(default_factory=RegistryConfig)
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        if not v or any(c in v for c in "/\\ "):
+            raise ValueError("name must be non-empty without slashes or spaces (it names directories)")
+        return v
+
+    def fingerprint(self) -> str:
+        """sha256 of the canonical JSON of the whole config (the MLflow tag `config_hash`)."""
+        return section_hash(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def section_hash(section: BaseModel | dict | list | str) -> str:
+    """A stable sha256 of a config section (or any JSON-able value)."""
+    value = section.model_dump(mode="json") if isinstance(section, BaseModel) else section
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form key.sub=value (e.g. grpo.learning_rate=5e-5)")
+    key, raw = text.split("=", 1)
+    if not key:
+        raise ConfigError(f"override {text!r} has an empty key")
+    # YAML parsing gives numbers, booleans, null and lists ("[1, 2]") their types; strings stay strings.
+    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply `key.sub=value` overrides to a raw (unvalidated) config dict, returning a new dict."""
+    result = json.loads(json.dumps(raw))
+    for text in overrides:
+        path, value = _parse_override(text)
+        node = result
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {text!r}: {part!r} is a value, not a section")
+            node = child
+        node[path[-1]] = value
+    return result
+
+
+def _format_validation_error(err: ValidationError, origin: str) -> str:
+    lines = [f"invalid config ({origin}):"]
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field; check the spelling (`grpo-pipeline config` lists every field)"
+        else:
+            msg = f"{msg} (got {e.get('input')!r})"
+        lines.append(f"  - {field}: {msg}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:
+    """Load a YAML recipe (or the defaults when `path` is None), apply overrides, validate once."""
+    raw: dict = {}
+    origin = "defaults"
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}") from e
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+        origin = str(path)
+    raw = apply_overrides(raw, overrides or [])
+    try:
+        return PipelineConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(e, origin)) from None

@@ -1,0 +1,75 @@
+"""Small helpers shared by the stages: artifact references, content fingerprints, atomic writes."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+logger = logging.getLogger("grpo_pipeline")
+
+
+class Ref(BaseModel):
+    """A heavy artifact (dataset, checkpoint) passed between stages as a path plus a content fingerprint.
+
+    Prefect hashes task inputs for cache keys, so a Ref keys on *content* rather than on a Python object.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    fingerprint: str
+
+    def require(self) -> Path:
+        """The path, after checking that the artifact is still on disk."""
+        p = Path(self.path)
+        if not p.exists():
+            raise FileNotFoundError(
+                f"{p} is missing (a cached stage produced it and it was deleted since); rerun with --refresh"
+            )
+        return p
+
+
+def fingerprint_path(path: str | Path) -> str:
+    """sha256 over the relative names and bytes of every file under `path` (or of one file)."""
+    path = Path(path)
+    h = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for f in files:
+        h.update(str(f.relative_to(path) if f != path else f.name).encode())
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def atomic_dir(final: str | Path) -> Iterator[Path]:
+    """Yield a temporary directory beside `final` and move it into place only if the block succeeds.
+
+    A crash or a bad input therefore never leaves a half-written checkpoint where a later stage would read it.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def stage_dir(run_dir: str | Path, stage: str, key: str) -> Path:
+    """Content-addressed output directory of a stage: <run_dir>/<stage>/<key[:12]>."""
+    return Path(run_dir) / stage / key[:12]

@@ -1,0 +1,193 @@
+"""Stage 1, prepare_data: build the train/eval splits from the config and write them as Parquet.
+
+Sources: the built-in synthetic arithmetic task (deterministic by seed), a local JSONL/Parquet/CSV file, or a
+Hugging Face dataset (by name, or a local dataset directory). Every source ends as the same columns:
+`prompt` (what the model sees), `answer` (the reference final answer, a string), `completion` (the SFT target),
+plus any `extra_columns` the rewards need.
+"""
+
+from __future__ import annotations
+
+import operator
+import random
+import re
+from pathlib import Path
+
+import pandas as pd
+from pydantic import BaseModel
+
+from configs.schema import DataConfig, SyntheticTaskConfig, section_hash
+from tasks.common import Ref, atomic_dir, fingerprint_path, logger, stage_dir
+
+
+class DataError(ValueError):
+    """The configured data cannot be loaded or mapped; the message names the file and column."""
+
+
+class DatasetRefs(BaseModel):
+    train: Ref
+    eval: Ref
+
+
+# ----------------------------------------------------------------------------- synthetic arithmetic
+
+_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+
+
+def _operand(rng: random.Random, cfg: SyntheticTaskConfig) -> int:
+    digits = rng.randint(cfg.min_digits, cfg.max_digits)
+    low = 0 if digits == 1 else 10 ** (digits - 1)
+    return rng.randint(low, 10**digits - 1)
+
+
+def synthetic_arithmetic(cfg: SyntheticTaskConfig, n: int, seed: int) -> pd.DataFrame:
+    """`n` distinct problems like `prompt="47+8="`, `answer="55"`, drawn deterministically from `seed`."""
+    largest = 10**cfg.max_digits
+    space = (largest - (0 if cfg.min_digits == 1 else 10 ** (cfg.min_digits - 1))) ** 2 * len(cfg.operations)
+    if n > space * 0.7:
+        raise DataError(
+            f"asked for {n} distinct problems but only about {space} exist with max_digits={cfg.max_digits}; "
+            "lower data.num_train/num_eval or raise data.synthetic.max_digits"
+        )
+    rng = random.Random(seed)
+    seen: dict[str, str] = {}
+    while len(seen) < n:
+        a, b, op = _operand(rng, cfg), _operand(rng, cfg), rng.choice(cfg.operations)
+        prompt = f"{a}{op}{b}="
+        if prompt not in seen:
+            seen[prompt] = str(_OPS[op](a, b))
+    return pd.DataFrame({"prompt": list(seen), "answer": list(seen.values())})
+
+
+# ----------------------------------------------------------------------------- files and HF datasets
+
+
+def read_table(path: str | Path) -> pd.DataFrame:
+    """Read a .jsonl/.json/.parquet/.csv file into a DataFrame, with errors that name the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"data file {path} does not exist")
+    suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
+    try:
+        if suffix in (".jsonl", ".jsonl.gz"):
+            return pd.read_json(path, lines=True, dtype=False)
+        if suffix in (".json", ".json.gz"):
+            return pd.read_json(path, dtype=False)
+        if suffix == ".parquet":
+            return pd.read_parquet(path)
+        if suffix in (".csv", ".csv.gz"):
+            return pd.read_csv(path, dtype=str, keep_default_na=False)
+    except ValueError as e:
+        raise DataError(f"could not read {path}: {e}") from e
+    raise DataError(f"data file {path} has an unsupported extension; use .jsonl, .json, .parquet or .csv")
+
+
+def load_hf(name: str, config_name: str | None, split: str) -> pd.DataFrame:
+    """Load a split of a Hugging Face dataset: a hub name, a directory saved with `save_to_disk`, or a data dir."""
+    import datasets
+
+    local = Path(name)
+    if (local / "dataset_info.json").exists() or (local / "dataset_dict.json").exists():
+        ds = datasets.load_from_disk(str(local))
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise DataError(f"dataset {name} has splits {list(ds)}, not {split!r}; set data.hf_split")
+            ds = ds[split]
+    else:
+        ds = datasets.load_dataset(name, config_name, split=split)
+    return ds.to_pandas()
+
+
+def map_columns(raw: pd.DataFrame, cfg: DataConfig, origin: str) -> pd.DataFrame:
+    """Rename source columns to prompt/answer/completion, apply the prompt template and answer pattern."""
+    wanted = [cfg.prompt_column, cfg.answer_column, *cfg.extra_columns]
+    if cfg.completion_column:
+        wanted.append(cfg.completion_column)
+    missing = [c for c in wanted if c not in raw.columns]
+    if missing:
+        raise DataError(
+            f"{origin} has no column(s) {missing}; available: {list(raw.columns)}. "
+            "Map them with data.prompt_column / data.answer_column / data.extra_columns."
+        )
+    out = pd.DataFrame(index=raw.index)
+    out["prompt"] = [
+        None if _missing(v) else cfg.prompt_template.format(prompt=v) for v in raw[cfg.prompt_column]
+    ]
+    answers = raw[cfg.answer_column].map(lambda v: None if _missing(v) else str(v))
+    if cfg.answer_pattern:
+        pattern = re.compile(cfg.answer_pattern, re.MULTILINE | re.DOTALL)
+        answers = answers.map(lambda v: _extract(pattern, v))
+    out["answer"] = answers
+    out["completion"] = (
+        raw[cfg.completion_column].map(lambda v: None if _missing(v) else str(v))
+        if cfg.completion_column
+        else out["answer"]
+    )
+    for c in cfg.extra_columns:
+        out[c] = raw[c]
+    return out.reset_index(drop=True)
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and v != v)
+
+
+def _extract(pattern: re.Pattern, value: str | None) -> str | None:
+    if value is None:
+        return None
+    m = pattern.search(value)
+    return m.group(1).strip().replace(",", "") if m else None
+
+
+# ----------------------------------------------------------------------------- split and write
+
+
+def split_train_eval(df: pd.DataFrame, num_train: int, num_eval: int, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Deterministic split by prompt: all rows of one prompt land on the same side, so no prompt is in both."""
+    prompts = list(dict.fromkeys(df["prompt"].fillna("")))
+    random.Random(seed).shuffle(prompts)
+    eval_prompts: set[str] = set()
+    eval_rows = 0
+    counts = df["prompt"].fillna("").value_counts()
+    for p in prompts:
+        if eval_rows >= num_eval:
+            break
+        eval_prompts.add(p)
+        eval_rows += int(counts[p])
+    is_eval = df["prompt"].fillna("").isin(eval_prompts)
+    order = {p: i for i, p in enumerate(prompts)}
+    rank = df["prompt"].fillna("").map(order)
+    eval_df = df[is_eval].assign(_r=rank[is_eval]).sort_values("_r", kind="stable").drop(columns="_r")
+    train_df = df[~is_eval].assign(_r=rank[~is_eval]).sort_values("_r", kind="stable").drop(columns="_r")
+    return train_df.head(num_train).reset_index(drop=True), eval_df.reset_index(drop=True)
+
+
+def load_source(cfg: DataConfig) -> pd.DataFrame:
+    """All rows of the configured source, mapped to the standard columns."""
+    if cfg.source == "synthetic":
+        df = synthetic_arithmetic(cfg.synthetic, cfg.num_train + cfg.num_eval, cfg.seed)
+        df["prompt"] = [cfg.prompt_template.format(prompt=p) for p in df["prompt"]]
+        df["completion"] = df["answer"]
+        return df
+    if cfg.source == "file":
+        return map_columns(read_table(cfg.path), cfg, origin=f"data file {cfg.path}")
+    return map_columns(load_hf(cfg.hf_name, cfg.hf_config, cfg.hf_split), cfg, origin=f"dataset {cfg.hf_name}")
+
+
+def prepare_data(cfg: DataConfig, run_dir: str) -> DatasetRefs:
+    """Build the splits and write `train.parquet` / `eval.parquet` under a content-addressed directory."""
+    df = load_source(cfg)
+    if len(df) < 2:
+        raise DataError(f"the data source has {len(df)} row(s); need at least 2 (one to train, one to evaluate)")
+    train, held_out = split_train_eval(df, cfg.num_train, cfg.num_eval, cfg.seed)
+    if train.empty:
+        raise DataError(f"no rows are left for training after holding out {len(held_out)}; lower data.num_eval")
+    out = stage_dir(run_dir, "data", section_hash(cfg))
+    with atomic_dir(out) as tmp:
+        train.to_parquet(tmp / "train.parquet", index=False)
+        held_out.to_parquet(tmp / "eval.parquet", index=False)
+    logger.info("prepared %d train and %d eval rows in %s", len(train), len(held_out), out)
+    return DatasetRefs(
+        train=Ref(path=str(out / "train.parquet"), fingerprint=fingerprint_path(out / "train.parquet")),
+        eval=Ref(path=str(out / "eval.parquet"), fingerprint=fingerprint_path(out / "eval.parquet")),
+    )

@@ -1,0 +1,104 @@
+"""Stage 2, validate_data: the data contract every later stage relies on (pandera, lazy validation).
+
+Both splits are validated together so that the contract can see across them (no prompt may be in both). Every
+failing row is reported with its split, row number, column and check; nothing downstream runs on bad data.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pandera.pandas as pa
+from pandera.errors import SchemaErrors
+from pandera.typing import Series
+
+from configs.schema import DataConfig
+from tasks.data import DatasetRefs
+
+
+class DataValidationError(ValueError):
+    """The prepared data breaks the contract; `failures` holds one row per failing (row, check)."""
+
+    def __init__(self, message: str, failures: pd.DataFrame):
+        super().__init__(message)
+        self.failures = failures
+
+
+def make_schema(min_prompt_chars: int, max_prompt_chars: int) -> type[pa.DataFrameModel]:
+    """The contract, with the configured prompt length bounds."""
+
+    class PromptDataset(pa.DataFrameModel):
+        split: Series[str] = pa.Field(isin=["train", "eval"])
+        prompt: Series[str] = pa.Field(nullable=False, str_length={"min_value": min_prompt_chars, "max_value": max_prompt_chars})
+        answer: Series[str] = pa.Field(nullable=False)
+        completion: Series[str] = pa.Field(nullable=False)
+
+        @pa.check("prompt", name="prompt_not_blank")
+        def _prompt_not_blank(cls, s: Series[str]) -> Series[bool]:
+            return s.str.strip().str.len() > 0
+
+        @pa.check("answer", name="answer_not_blank")
+        def _answer_not_blank(cls, s: Series[str]) -> Series[bool]:
+            return s.str.strip().str.len() > 0
+
+        @pa.dataframe_check(name="no_duplicate_prompts_within_split")
+        def _unique_within_split(cls, df: pd.DataFrame) -> Series[bool]:
+            return ~df.duplicated(subset=["split", "prompt"], keep="first")
+
+        @pa.dataframe_check(name="no_prompt_in_both_train_and_eval")
+        def _no_overlap(cls, df: pd.DataFrame) -> Series[bool]:
+            train = set(df.loc[df["split"] == "train", "prompt"])
+            return ~((df["split"] == "eval") & df["prompt"].isin(train))
+
+        class Config:
+            strict = False
+            coerce = False
+
+    return PromptDataset
+
+
+def _describe(failures: pd.DataFrame, combined: pd.DataFrame, limit: int = 50) -> str:
+    lines = []
+    # A dataframe-wide check reports each column of a failing row; one line per (row, check) is enough.
+    failures = failures.drop_duplicates(subset=["index", "check"])
+    for _, f in failures.iterrows():
+        idx = f["index"]
+        if idx is None or pd.isna(idx):
+            lines.append(f"  - column {f['column']!r}: check {f['check']!r} failed ({f['failure_case']!r})")
+            continue
+        row = combined.loc[int(idx)]
+        prompt = str(row["prompt"])[:60]
+        lines.append(
+            f"  - {row['split']} row {int(row['row'])}: "
+            + (f"column {f['column']!r} " if f["schema_context"] == "Column" else "")
+            + f"failed {f['check']!r} (prompt {prompt!r})"
+        )
+    more = len(lines) - limit
+    return "\n".join(lines[:limit] + ([f"  ... and {more} more"] if more > 0 else []))
+
+
+def validate_frames(train: pd.DataFrame, held_out: pd.DataFrame, cfg: DataConfig) -> None:
+    """Raise DataValidationError naming every bad row, or return None when the data meets the contract."""
+    combined = pd.concat(
+        [train.assign(split="train", row=range(len(train))), held_out.assign(split="eval", row=range(len(held_out)))],
+        ignore_index=True,
+    )
+    for col in ("prompt", "answer", "completion"):
+        if col not in combined:
+            raise DataValidationError(f"the prepared data has no {col!r} column", pd.DataFrame())
+    schema = make_schema(cfg.min_prompt_chars, cfg.max_prompt_chars)
+    try:
+        schema.validate(combined, lazy=True)
+    except SchemaErrors as e:
+        failures = e.failure_cases
+        n_rows = failures["index"].dropna().nunique()
+        n_failures = len(failures.drop_duplicates(subset=["index", "check"]))
+        raise DataValidationError(
+            f"data validation failed: {n_failures} failure(s) in {n_rows} row(s):\n{_describe(failures, combined)}",
+            failures,
+        ) from None
+
+
+def validate_data(refs: DatasetRefs, cfg: DataConfig) -> DatasetRefs:
+    """Validate the prepared Parquet files; returns the same refs so the flow can chain on success."""
+    validate_frames(pd.read_parquet(refs.train.require()), pd.read_parquet(refs.eval.require()), cfg)
+    return refs
