@@ -87,7 +87,9 @@ class DataConfig(_Section):
 
 
 class TinyModelConfig(_Section):
-    architecture: Literal["qwen2", "llama"] = Field(default="qwen2", description="Decoder family of the tiny model.")
+    # Llama-shaped: transformers maps Qwen2 checkpoints to Qwen2Tokenizer, which rebuilds a byte-level
+    # pre-tokenizer and would drop the char tokenizer's whitespace.
+    architecture: Literal["llama"] = Field(default="llama", description="Decoder family of the tiny model.")
     hidden_size: int = Field(default=128, ge=8, description="Width of the residual stream.")
     num_layers: int = Field(default=4, ge=1, description="Decoder layers.")
     num_heads: int = Field(default=4, ge=1, description="Attention heads (hidden_size must divide by it).")

@@ -1,0 +1,142 @@
+"""The pipeline as one Prefect flow. It reads top to bottom like the DAG it runs:
+
+    prepare_data -> validate_data -> base_model -> sft_warmup -> evaluate(sft)
+        -> [round r = 1..R: grpo_train(r) -> evaluate(r) -> register(r)]
+
+Each stage is a thin Prefect task over a plain function in tasks/ (usable without Prefect). Tasks exchange paths
+plus content fingerprints, never models or DataFrames, and each task's cache key is its inputs (config section +
+fingerprints) plus its source: rerunning an unchanged config hits the cache everywhere, and changing only `grpo.*`
+reruns GRPO and what follows it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import INPUTS, TASK_SOURCE
+
+from configs.schema import ConfigError, PipelineConfig
+from flows.summary import StageRecord, Summary
+from rewards.registry import RewardError
+from tasks.common import Checkpoint, Ref
+from tasks.data import DataError, DatasetRefs
+from tasks.data import prepare_data as _prepare_data
+from tasks.evaluate import EvalResult
+from tasks.evaluate import evaluate as _evaluate
+from tasks.grpo import grpo_train as _grpo_train
+from tasks.model import prepare_base_model
+from tasks.register import Registration, register_policy
+from tasks.sft import sft_warmup as _sft_warmup
+from tasks.validate import DataValidationError
+from tasks.validate import validate_data as _validate_data
+
+# Bad input is not retried: a second try would fail the same way and only delay the error.
+NOT_RETRIED = (ConfigError, DataError, DataValidationError, RewardError, FileNotFoundError, ValueError, TypeError)
+
+
+def retry_unless_bad_input(task, task_run, state) -> bool:
+    try:
+        state.result()
+    except NOT_RETRIED:
+        return False
+    except Exception:
+        return True
+    return True
+
+
+STAGE = dict(
+    cache_policy=INPUTS + TASK_SOURCE,
+    persist_result=True,
+    retries=2,
+    retry_delay_seconds=5,
+    retry_condition_fn=retry_unless_bad_input,
+)
+
+
+@task(name="prepare_data", **STAGE)
+def prepare_data(cfg: PipelineConfig) -> DatasetRefs:
+    return _prepare_data(cfg.data, cfg.run_dir)
+
+
+@task(name="validate_data", **STAGE)
+def validate_data(data: DatasetRefs, cfg: PipelineConfig) -> DatasetRefs:
+    return _validate_data(data, cfg.data)
+
+
+@task(name="base_model", **STAGE)
+def base_model(cfg: PipelineConfig) -> Checkpoint:
+    return prepare_base_model(cfg.model, cfg.run_dir, cfg.seed)
+
+
+@task(name="sft_warmup", **STAGE)
+def sft_warmup(base: Checkpoint, train: Ref, cfg: PipelineConfig) -> Checkpoint:
+    return _sft_warmup(
+        base, train, cfg.sft, cfg.model, cfg.run_dir, cfg.registry.experiment, cfg.name, cfg.seed
+    )
+
+
+@task(name="grpo_train", task_run_name="grpo_train-r{round_index}", **STAGE)
+def grpo_train(start: Checkpoint, train: Ref, cfg: PipelineConfig, round_index: int) -> Checkpoint:
+    tags = {"config_hash": cfg.fingerprint(), "recipe": cfg.name}
+    return _grpo_train(
+        start, train, cfg.grpo, cfg.model, round_index, cfg.run_dir, cfg.registry.experiment, cfg.name, cfg.seed, tags
+    )
+
+
+@task(name="evaluate", task_run_name="evaluate-{label}", **STAGE)
+def evaluate(policy: Checkpoint, held_out: Ref, cfg: PipelineConfig, label: str) -> EvalResult:
+    return _evaluate(policy, held_out, cfg.eval, cfg.run_dir, cfg.seed, label)
+
+
+@task(name="register", task_run_name="register-r{round_index}", **STAGE)
+def register(
+    policy: Checkpoint, result: EvalResult, baseline: EvalResult, data: DatasetRefs, cfg: PipelineConfig, round_index: int
+) -> Registration:
+    tags = {
+        "config_hash": cfg.fingerprint(),
+        "data_fingerprint": data.train.fingerprint,
+        "parent_model": policy.parent,
+        "round": str(round_index),
+    }
+    return register_policy(policy, result, baseline, cfg.registry, cfg.run_dir, cfg.to_yaml(), tags)
+
+
+def _run(records: list[StageRecord], record_name: str, stage, /, *args: Any, **kwargs: Any):
+    """Run a task, record its wall time and whether it came from the cache, and return its result."""
+    start = time.perf_counter()
+    state = stage(*args, return_state=True, **kwargs)
+    records.append(StageRecord(stage=record_name, seconds=time.perf_counter() - start, cached=state.name == "Cached", state=state.name))
+    return state.result()
+
+
+@flow(name="grpo-pipeline", log_prints=False)
+def grpo_pipeline(config: PipelineConfig) -> Summary:
+    """Data -> validation -> SFT warmup -> R rounds of GRPO, each evaluated and registered in MLflow."""
+    logger = get_run_logger()
+    cfg = config
+    records: list[StageRecord] = []
+
+    data = _run(records, "prepare_data", prepare_data, cfg)
+    data = _run(records, "validate_data", validate_data, data, cfg)
+    policy = _run(records, "base_model", base_model, cfg)
+    if cfg.sft.enabled:
+        policy = _run(records, "sft_warmup", sft_warmup, policy, data.train, cfg)
+    baseline = _run(records, "evaluate-sft", evaluate, policy, data.eval, cfg, label="sft")
+
+    rounds: list[tuple[EvalResult, Registration | None]] = []
+    for r in range(1, cfg.grpo.rounds + 1):
+        # Each round starts from the previous policy; TRL builds the reference model from it (reset per round).
+        policy = _run(records, f"grpo_train-r{r}", grpo_train, policy, data.train, cfg, round_index=r)
+        result = _run(records, f"evaluate-r{r}", evaluate, policy, data.eval, cfg, label=f"r{r}")
+        registration = None
+        if cfg.registry.register_each_round or r == cfg.grpo.rounds:
+            registration = _run(records, f"register-r{r}", register, policy, result, baseline, data, cfg, round_index=r)
+        rounds.append((result, registration))
+
+    summary = Summary.build(cfg, records, baseline, rounds)
+    create_markdown_artifact(markdown=summary.to_markdown(), key="grpo-pipeline-summary", description="Run summary")
+    logger.info("pipeline finished:\n%s", summary.to_markdown())
+    return summary

@@ -1,0 +1,135 @@
+"""Stage 5, evaluate: greedy accuracy and unbiased pass@k on the held-out split.
+
+Generation is batched (left padding). A completion counts as correct when the configured correctness reward gives
+it 1.0, the same function GRPO trains on, so training and evaluation cannot disagree about what "correct" means.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import torch
+from pydantic import BaseModel
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM
+
+from configs.schema import EvalConfig, section_hash
+from rewards import build_reward
+from tasks.common import Checkpoint, Ref, atomic_dir, logger, stage_dir
+from tasks.metrics import mean_pass_at_k
+from tasks.training import load_tokenizer
+
+
+class EvalResult(BaseModel):
+    """Scores plus everything needed to reproduce them (n, k, sampling settings)."""
+
+    model: str
+    accuracy: float
+    pass_at_k: dict[str, float]
+    num_problems: int
+    n_samples: int
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    details_path: str
+
+    def metrics(self, prefix: str = "") -> dict[str, float]:
+        out = {f"{prefix}accuracy": self.accuracy}
+        out.update({f"{prefix}pass_at_{k}": v for k, v in self.pass_at_k.items()})
+        return out
+
+    def greedy_correct(self) -> list[int]:
+        """Per-problem greedy correctness (0/1), in eval order, for paired comparisons."""
+        return json.loads(Path(self.details_path).read_text())["greedy_correct"]
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts: list[str], cfg: EvalConfig, sample: bool, desc: str) -> list[list[str]]:
+    """Completions for each prompt: 1 greedy, or `cfg.n_samples` sampled. Batched over prompts."""
+    n = cfg.n_samples if sample else 1
+    per_batch = max(1, cfg.batch_size // n) if sample else cfg.batch_size
+    out: list[list[str]] = []
+    for start in tqdm(range(0, len(prompts), per_batch), desc=desc, unit="batch", leave=False):
+        batch = prompts[start : start + per_batch]
+        enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+        gen = model.generate(
+            **enc,
+            max_new_tokens=cfg.max_new_tokens,
+            do_sample=sample,
+            temperature=cfg.temperature if sample else None,
+            top_p=cfg.top_p if sample else None,
+            top_k=None,
+            num_return_sequences=n,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        texts = tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        out.extend(texts[i * n : (i + 1) * n] for i in range(len(batch)))
+    return out
+
+
+def _score(reward, rows: pd.DataFrame, completions: list[list[str]]) -> list[list[bool]]:
+    """Correct/incorrect for every completion, scoring all of them in one reward call."""
+    n = len(completions[0])
+    flat = [c for group in completions for c in group]
+    columns = {col: [v for v in rows[col].tolist() for _ in range(n)] for col in rows.columns if col != "prompt"}
+    prompts = [p for p in rows["prompt"].tolist() for _ in range(n)]
+    scores = reward(prompts=prompts, completions=flat, **columns)
+    ok = [s is not None and s >= 1.0 for s in scores]
+    return [ok[i * n : (i + 1) * n] for i in range(len(rows))]
+
+
+def evaluate(policy: Checkpoint, held_out: Ref, cfg: EvalConfig, run_dir: str, seed: int, label: str) -> EvalResult:
+    """Greedy accuracy and pass@k of `policy` on the held-out split; per-problem details go to a JSON file."""
+    rows = pd.read_parquet(held_out.require())
+    if cfg.max_problems:
+        rows = rows.head(cfg.max_problems)
+    rows = rows.drop(columns=[c for c in ("completion",) if c in rows.columns])
+    reward = build_reward(cfg.correctness_reward)
+    tokenizer = load_tokenizer(policy.path)
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(policy.path)
+    model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
+    prompts = rows["prompt"].tolist()
+
+    torch.manual_seed(seed)
+    greedy = generate(model, tokenizer, prompts, cfg, sample=False, desc=f"eval {label} greedy")
+    sampled = generate(model, tokenizer, prompts, cfg, sample=True, desc=f"eval {label} pass@k")
+    greedy_ok = [g[0] for g in _score(reward, rows, greedy)]
+    counts = [sum(s) for s in _score(reward, rows, sampled)]
+
+    result_key = section_hash({"eval": cfg.model_dump(), "policy": policy.fingerprint, "data": held_out.fingerprint, "seed": seed})
+    out = stage_dir(run_dir, f"eval-{label}", result_key)
+    with atomic_dir(out) as tmp:
+        (tmp / "details.json").write_text(
+            json.dumps(
+                {
+                    "prompts": prompts,
+                    "greedy": [g[0] for g in greedy],
+                    "greedy_correct": [int(x) for x in greedy_ok],
+                    "sampled_correct_counts": counts,
+                    "samples_first_problem": sampled[0] if sampled else [],
+                }
+            )
+        )
+    result = EvalResult(
+        model=policy.path,
+        accuracy=sum(greedy_ok) / len(greedy_ok),
+        pass_at_k={str(k): mean_pass_at_k(counts, cfg.n_samples, k) for k in cfg.k},
+        num_problems=len(rows),
+        n_samples=cfg.n_samples,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        max_new_tokens=cfg.max_new_tokens,
+        details_path=str(out / "details.json"),
+    )
+    logger.info(
+        "eval %s: accuracy %.3f, %s on %d problems",
+        label,
+        result.accuracy,
+        ", ".join(f"pass@{k} {v:.3f}" for k, v in result.pass_at_k.items()),
+        result.num_problems,
+    )
+    return result

@@ -1,0 +1,45 @@
+"""Pure evaluation math: unbiased pass@k and a paired bootstrap confidence interval."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one problem with `c` correct out of `n` samples (Chen et al. 2021, "Evaluating Large
+    Language Models Trained on Code", eq. 1): 1 - C(n-c, k) / C(n, k), computed as the stable product
+    1 - prod_{i=n-c+1}^{n} (1 - k / i) to avoid huge binomials.
+    """
+    if not 0 <= c <= n:
+        raise ValueError(f"need 0 <= c <= n, got c={c}, n={n}")
+    if not 1 <= k <= n:
+        raise ValueError(f"need 1 <= k <= n, got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def mean_pass_at_k(correct_counts: list[int], n: int, k: int) -> float:
+    """pass@k averaged over problems."""
+    if not correct_counts:
+        raise ValueError("no problems to score")
+    return float(np.mean([pass_at_k(n, c, k) for c in correct_counts]))
+
+
+def paired_bootstrap_ci(
+    before: list[float], after: list[float], n_boot: int = 10_000, alpha: float = 0.05, seed: int = 0
+) -> tuple[float, float, float]:
+    """Mean of (after - before) over the same problems and its (1-alpha) percentile bootstrap interval.
+
+    Problems are resampled with replacement, keeping each problem's pair together (Efron & Tibshirani 1993,
+    ch. 13), so the interval reflects the per-problem correlation of the two models.
+    """
+    a, b = np.asarray(before, dtype=float), np.asarray(after, dtype=float)
+    if a.shape != b.shape or a.size == 0:
+        raise ValueError(f"need two equal, non-empty lists; got {a.size} and {b.size}")
+    diff = b - a
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, diff.size, size=(n_boot, diff.size))
+    boots = diff[idx].mean(axis=1)
+    low, high = np.quantile(boots, [alpha / 2, 1 - alpha / 2])
+    return float(diff.mean()), float(low), float(high)

@@ -1,0 +1,109 @@
+"""Stage 6, register: log the policy and its scores to MLflow, register a model version, gate the aliases.
+
+Gating: the new version takes the alias `champion` only if its gating metric beats the current champion's by more
+than `min_improvement`; otherwise it is the `challenger`. Everything that can fail (files, metrics) is checked and
+logged *before* the registry is touched, and a version whose aliasing fails is deleted, so a failed registration
+leaves no partial version behind.
+"""
+
+from __future__ import annotations
+
+import mlflow
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+from pydantic import BaseModel
+
+from configs.schema import RegistryConfig
+from tasks.common import Checkpoint, logger
+from tasks.evaluate import EvalResult
+from tasks.tracking import configure_mlflow
+
+GATING_TAG = "gating_value"
+
+
+class Registration(BaseModel):
+    model_name: str
+    version: str
+    alias: str
+    gating_metric: str
+    gating_value: float
+    previous_champion: str | None
+    previous_champion_value: float | None
+    run_id: str
+
+
+def _metric(result: EvalResult, name: str) -> float:
+    metrics = result.metrics()
+    if name not in metrics:
+        raise ValueError(f"registry.gating_metric {name!r} is not an eval metric; choose one of {sorted(metrics)}")
+    return metrics[name]
+
+
+def _current_champion(client: MlflowClient, name: str) -> tuple[str | None, float | None]:
+    try:
+        version = client.get_model_version_by_alias(name, "champion")
+    except MlflowException:
+        return None, None
+    value = version.tags.get(GATING_TAG)
+    return version.version, float(value) if value is not None else None
+
+
+def register_policy(
+    policy: Checkpoint,
+    result: EvalResult,
+    baseline: EvalResult | None,
+    cfg: RegistryConfig,
+    run_dir: str,
+    config_yaml: str,
+    tags: dict[str, str],
+) -> Registration:
+    """Log metrics, config and model files to the policy's MLflow run and register a new version."""
+    if policy.run_id is None:
+        raise ValueError("only a trained policy (with an MLflow run) can be registered")
+    value = _metric(result, cfg.gating_metric)
+    path = policy.require()
+    configure_mlflow(run_dir, cfg.experiment)
+    client = MlflowClient()
+
+    with mlflow.start_run(run_id=policy.run_id):
+        mlflow.log_metrics(result.metrics("eval/"))
+        if baseline is not None:
+            mlflow.log_metrics(baseline.metrics("eval_sft/"))
+        mlflow.log_params(
+            {"eval_n_samples": result.n_samples, "eval_temperature": result.temperature, "eval_top_p": result.top_p,
+             "eval_max_new_tokens": result.max_new_tokens, "eval_num_problems": result.num_problems}
+        )
+        mlflow.log_text(config_yaml, "config.yaml")
+        mlflow.log_artifact(result.details_path, "eval")
+        mlflow.set_tags(tags)
+        mlflow.log_artifacts(str(path), "model")
+        source = f"{mlflow.get_artifact_uri('model')}"
+
+    try:
+        client.create_registered_model(cfg.model_name)
+    except MlflowException as e:
+        if "RESOURCE_ALREADY_EXISTS" not in str(e.error_code):
+            raise
+    previous, previous_value = _current_champion(client, cfg.model_name)
+    mv = client.create_model_version(cfg.model_name, source=source, run_id=policy.run_id, tags={**tags, GATING_TAG: str(value)})
+    try:
+        wins = previous_value is None or value > previous_value + cfg.min_improvement
+        alias = "champion" if wins else "challenger"
+        client.set_registered_model_alias(cfg.model_name, alias, mv.version)
+    except Exception:
+        client.delete_model_version(cfg.model_name, mv.version)
+        raise
+    logger.info(
+        "registered %s version %s as %s (%s %.4f vs champion %s)",
+        cfg.model_name, mv.version, alias, cfg.gating_metric, value, previous_value,
+    )
+    return Registration(
+        model_name=cfg.model_name,
+        version=str(mv.version),
+        alias=alias,
+        gating_metric=cfg.gating_metric,
+        gating_value=value,
+        previous_champion=previous,
+        previous_champion_value=previous_value,
+        run_id=policy.run_id,
+    )

@@ -1,0 +1,42 @@
+"""MLflow set-up shared by the stages: one tracking URI, one experiment, runs named after the recipe."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import mlflow
+
+
+def default_tracking_uri(run_dir: str | Path) -> str:
+    """SQLite store under the run directory; MLFLOW_TRACKING_URI overrides it."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
+
+
+def configure_mlflow(run_dir: str | Path, experiment: str) -> str:
+    """Point MLflow (and TRL's MLflow callback, which reads the environment) at the store; returns the experiment id."""
+    uri = default_tracking_uri(run_dir)
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    os.environ["MLFLOW_EXPERIMENT_NAME"] = experiment
+    mlflow.set_tracking_uri(uri)
+    exp = mlflow.get_experiment_by_name(experiment)
+    if exp is None:
+        # A local store keeps artifacts beside the database; a server decides for itself.
+        location = (Path(run_dir).resolve() / "mlartifacts").as_uri() if uri.startswith("sqlite:") else None
+        exp_id = mlflow.create_experiment(experiment, artifact_location=location)
+    else:
+        exp_id = exp.experiment_id
+    mlflow.set_experiment(experiment_id=exp_id)
+    return exp_id
+
+
+@contextlib.contextmanager
+def mlflow_run(run_dir: str | Path, experiment: str, run_name: str, tags: dict[str, str]) -> Iterator[mlflow.ActiveRun]:
+    """Start a fresh MLflow run (ending any run left active in this thread) and end it on exit."""
+    configure_mlflow(run_dir, experiment)
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+    with mlflow.start_run(run_name=run_name, tags=tags) as run:
+        yield run
