@@ -21,8 +21,7 @@ from prefect.cache_policies import INPUTS, TASK_SOURCE
 from configs.schema import ConfigError, PipelineConfig
 from flows.summary import StageRecord, Summary
 from rewards.registry import RewardError
-from tasks.common import Checkpoint, Ref
-from tasks.data import DataError, DatasetRefs
+from tasks.data import DataError
 from tasks.data import prepare_data as _prepare_data
 from tasks.evaluate import EvalResult
 from tasks.evaluate import evaluate as _evaluate
@@ -56,52 +55,21 @@ STAGE = dict(
 )
 
 
-@task(name="prepare_data", **STAGE)
-def prepare_data(cfg: PipelineConfig) -> DatasetRefs:
-    return _prepare_data(cfg.data, cfg.run_dir)
-
-
-@task(name="validate_data", **STAGE)
-def validate_data(data: DatasetRefs, cfg: PipelineConfig) -> DatasetRefs:
-    return _validate_data(data, cfg.data)
-
-
-@task(name="base_model", **STAGE)
-def base_model(cfg: PipelineConfig) -> Checkpoint:
-    return prepare_base_model(cfg.model, cfg.run_dir, cfg.seed)
-
-
-@task(name="sft_warmup", **STAGE)
-def sft_warmup(base: Checkpoint, train: Ref, cfg: PipelineConfig) -> Checkpoint:
-    return _sft_warmup(
-        base, train, cfg.sft, cfg.model, cfg.run_dir, cfg.registry.experiment, cfg.name, cfg.seed
-    )
-
-
-@task(name="grpo_train", task_run_name="grpo_train-r{round_index}", **STAGE)
-def grpo_train(start: Checkpoint, train: Ref, cfg: PipelineConfig, round_index: int) -> Checkpoint:
-    tags = {"config_hash": cfg.fingerprint(), "recipe": cfg.name}
-    return _grpo_train(
-        start, train, cfg.grpo, cfg.model, round_index, cfg.run_dir, cfg.registry.experiment, cfg.name, cfg.seed, tags
-    )
-
-
-@task(name="evaluate", task_run_name="evaluate-{label}", **STAGE)
-def evaluate(policy: Checkpoint, held_out: Ref, cfg: PipelineConfig, label: str) -> EvalResult:
-    return _evaluate(policy, held_out, cfg.eval, cfg.run_dir, cfg.seed, label)
-
-
-@task(name="register", task_run_name="register-r{round_index}", **STAGE)
-def register(
-    policy: Checkpoint, result: EvalResult, baseline: EvalResult, data: DatasetRefs, cfg: PipelineConfig, round_index: int
-) -> Registration:
-    tags = {
-        "config_hash": cfg.fingerprint(),
-        "data_fingerprint": data.train.fingerprint,
-        "parent_model": policy.parent,
-        "round": str(round_index),
-    }
-    return register_policy(policy, result, baseline, cfg.registry, cfg.run_dir, cfg.to_yaml(), tags)
+# Each task takes only its own config section and the fingerprinted outputs it consumes, so its cache key changes
+# exactly when its inputs do. The plain functions in tasks/ are the tasks; Prefect adds caching, retries, states.
+prepare_data = task(_prepare_data, name="prepare_data", **STAGE)
+validate_data = task(_validate_data, name="validate_data", **STAGE)
+base_model = task(prepare_base_model, name="base_model", **STAGE)
+sft_warmup = task(_sft_warmup, name="sft_warmup", **STAGE)
+grpo_train = task(_grpo_train, name="grpo_train", task_run_name="grpo_train-r{round_index}", **STAGE)
+evaluate = task(_evaluate, name="evaluate", task_run_name="evaluate-{label}", **STAGE)
+# The resolved config and its tags are logged, not keyed: a new version is registered only when the policy, its
+# scores or the registry settings change.
+register = task(
+    register_policy,
+    name="register",
+    **{**STAGE, "cache_policy": (INPUTS - "config_yaml" - "tags") + TASK_SOURCE},
+)
 
 
 def _run(records: list[StageRecord], record_name: str, stage, /, *args: Any, **kwargs: Any):
@@ -119,21 +87,33 @@ def grpo_pipeline(config: PipelineConfig) -> Summary:
     cfg = config
     records: list[StageRecord] = []
 
-    data = _run(records, "prepare_data", prepare_data, cfg)
-    data = _run(records, "validate_data", validate_data, data, cfg)
-    policy = _run(records, "base_model", base_model, cfg)
+    data = _run(records, "prepare_data", prepare_data, cfg.data, cfg.run_dir)
+    data = _run(records, "validate_data", validate_data, data, cfg.data)
+    policy = _run(records, "base_model", base_model, cfg.model, cfg.run_dir, cfg.seed)
+    mlflow_args = dict(run_dir=cfg.run_dir, experiment=cfg.registry.experiment, recipe=cfg.name, seed=cfg.seed)
     if cfg.sft.enabled:
-        policy = _run(records, "sft_warmup", sft_warmup, policy, data.train, cfg)
-    baseline = _run(records, "evaluate-sft", evaluate, policy, data.eval, cfg, label="sft")
+        policy = _run(records, "sft_warmup", sft_warmup, policy, data.train, cfg.sft, cfg.model, **mlflow_args)
+    eval_args = dict(held_out=data.eval, cfg=cfg.eval, run_dir=cfg.run_dir, seed=cfg.seed)
+    baseline = _run(records, "evaluate-sft", evaluate, policy, label="sft", **eval_args)
 
     rounds: list[tuple[EvalResult, Registration | None]] = []
     for r in range(1, cfg.grpo.rounds + 1):
         # Each round starts from the previous policy; TRL builds the reference model from it (reset per round).
-        policy = _run(records, f"grpo_train-r{r}", grpo_train, policy, data.train, cfg, round_index=r)
-        result = _run(records, f"evaluate-r{r}", evaluate, policy, data.eval, cfg, label=f"r{r}")
+        policy = _run(records, f"grpo_train-r{r}", grpo_train, policy, data.train, cfg.grpo, cfg.model, r, **mlflow_args)
+        result = _run(records, f"evaluate-r{r}", evaluate, policy, label=f"r{r}", **eval_args)
         registration = None
         if cfg.registry.register_each_round or r == cfg.grpo.rounds:
-            registration = _run(records, f"register-r{r}", register, policy, result, baseline, data, cfg, round_index=r)
+            tags = {
+                "config_hash": cfg.fingerprint(),
+                "recipe": cfg.name,
+                "data_fingerprint": data.train.fingerprint,
+                "parent_model": policy.parent,
+                "round": str(r),
+            }
+            registration = _run(
+                records, f"register-r{r}", register, policy, result, baseline, cfg.registry, cfg.run_dir,
+                cfg.to_yaml(), tags,
+            )
         rounds.append((result, registration))
 
     summary = Summary.build(cfg, records, baseline, rounds)

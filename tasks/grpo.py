@@ -63,7 +63,6 @@ def grpo_train(
     experiment: str,
     recipe: str,
     seed: int,
-    tags: dict[str, str] | None = None,
 ) -> Checkpoint:
     """One GRPO round from `start`; returns the policy checkpoint (with its MLflow run id)."""
     key = section_hash(
@@ -79,7 +78,6 @@ def grpo_train(
         "round": str(round_index),
         "parent_model": start.path,
         "data_fingerprint": train.fingerprint,
-        **(tags or {}),
     }
     with mlflow_run(run_dir, experiment, f"{recipe}-grpo-r{round_index}", run_tags) as run, tempfile.TemporaryDirectory() as scratch:
         args = trl_grpo_args(cfg, model_cfg, scratch, seed + round_index, weights)

@@ -45,7 +45,7 @@ def _current_champion(client: MlflowClient, name: str) -> tuple[str | None, floa
     except MlflowException:
         return None, None
     value = version.tags.get(GATING_TAG)
-    return version.version, float(value) if value is not None else None
+    return str(version.version), float(value) if value is not None else None
 
 
 def register_policy(
@@ -88,22 +88,23 @@ def register_policy(
     mv = client.create_model_version(cfg.model_name, source=source, run_id=policy.run_id, tags={**tags, GATING_TAG: str(value)})
     try:
         wins = previous_value is None or value > previous_value + cfg.min_improvement
-        alias = "champion" if wins else "challenger"
-        client.set_registered_model_alias(cfg.model_name, alias, mv.version)
-    except Exception:
+        registration = Registration(
+            model_name=cfg.model_name,
+            version=str(mv.version),
+            alias="champion" if wins else "challenger",
+            gating_metric=cfg.gating_metric,
+            gating_value=value,
+            previous_champion=previous,
+            previous_champion_value=previous_value,
+            run_id=policy.run_id,
+        )
+        client.set_registered_model_alias(cfg.model_name, registration.alias, mv.version)
+    except BaseException:
+        # No half-registered versions: a version without its alias would confuse the next gating decision.
         client.delete_model_version(cfg.model_name, mv.version)
         raise
     logger.info(
         "registered %s version %s as %s (%s %.4f vs champion %s)",
-        cfg.model_name, mv.version, alias, cfg.gating_metric, value, previous_value,
+        cfg.model_name, mv.version, registration.alias, cfg.gating_metric, value, previous_value,
     )
-    return Registration(
-        model_name=cfg.model_name,
-        version=str(mv.version),
-        alias=alias,
-        gating_metric=cfg.gating_metric,
-        gating_value=value,
-        previous_champion=previous,
-        previous_champion_value=previous_value,
-        run_id=policy.run_id,
-    )
+    return registration

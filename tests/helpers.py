@@ -1,0 +1,55 @@
+"""Helpers for tests that run the pipeline through its CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def micro_overrides(run_dir: Path) -> list[str]:
+    """A few seconds of every stage: enough to exercise the whole flow, not to learn anything."""
+    return [
+        f"run_dir={run_dir}",
+        "data.num_train=200",
+        "data.num_eval=24",
+        "sft.max_steps=6",
+        "sft.batch_size=16",
+        "grpo.steps_per_round=2",
+        "grpo.prompts_per_step=2",
+        "grpo.generations_per_prompt=4",
+        "grpo.log_every_steps=1",
+        "eval.n_samples=4",
+        "eval.k=[1,2,4]",
+        "model.tiny.hidden_size=32",
+        "model.tiny.num_layers=1",
+        "model.tiny.num_heads=2",
+        "model.tiny.intermediate_size=64",
+    ]
+
+
+def cli_env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    env.update(
+        PREFECT_HOME=str(tmp / "prefect-home"),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PYTHONUNBUFFERED="1",
+        COLUMNS="200",
+        **extra,
+    )
+    return env
+
+
+def run_cli(args: list[str], env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run `grpo-pipeline` as users do, in a fresh process."""
+    return subprocess.run(
+        [sys.executable, "-m", "grpo_pipeline.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

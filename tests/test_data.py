@@ -1,0 +1,139 @@
+import json
+
+import datasets
+import pandas as pd
+import pytest
+
+from configs.schema import DataConfig, load_config
+from tasks.data import DataError, prepare_data, split_train_eval, synthetic_arithmetic
+from tasks.validate import DataValidationError, validate_data, validate_frames
+
+
+def synthetic_cfg(**kw) -> DataConfig:
+    return load_config(None, [f"data.{k}={v}" for k, v in {"num_train": 300, "num_eval": 50, **kw}.items()]).data
+
+
+def test_synthetic_task_is_deterministic_and_correct():
+    cfg = synthetic_cfg()
+    a = synthetic_arithmetic(cfg.synthetic, 100, seed=3)
+    b = synthetic_arithmetic(cfg.synthetic, 100, seed=3)
+    c = synthetic_arithmetic(cfg.synthetic, 100, seed=4)
+    pd.testing.assert_frame_equal(a, b)
+    assert not a.equals(c)
+    assert a["prompt"].is_unique
+    for prompt, answer in zip(a["prompt"], a["answer"]):
+        x, y = prompt.rstrip("=").split("+")
+        assert int(x) + int(y) == int(answer)
+
+
+def test_synthetic_refuses_more_problems_than_exist():
+    cfg = synthetic_cfg(**{"synthetic.max_digits": 1})
+    with pytest.raises(DataError, match="distinct problems"):
+        synthetic_arithmetic(cfg.synthetic, 90, seed=0)
+
+
+def test_prepare_writes_disjoint_deterministic_splits(tmp_path):
+    cfg = synthetic_cfg()
+    refs = prepare_data(cfg, str(tmp_path / "a"))
+    again = prepare_data(cfg, str(tmp_path / "b"))
+    assert refs.train.fingerprint == again.train.fingerprint and refs.eval.fingerprint == again.eval.fingerprint
+    train, held_out = pd.read_parquet(refs.train.path), pd.read_parquet(refs.eval.path)
+    assert len(train) == 300 and len(held_out) == 50
+    assert not set(train["prompt"]) & set(held_out["prompt"])
+    validate_data(refs, cfg)  # the contract holds for built-in data
+
+
+def test_split_keeps_duplicate_prompts_on_one_side():
+    df = pd.DataFrame({"prompt": ["a", "a", "b", "c", "c", "d"], "answer": list("123456")})
+    for seed in range(10):
+        train, held_out = split_train_eval(df, 10, 2, seed)
+        assert not set(train["prompt"]) & set(held_out["prompt"])
+        assert len(train) + len(held_out) == len(df)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "csv"])
+def test_local_files_with_column_mapping(tmp_path, fmt):
+    rows = pd.DataFrame(
+        {"question": [f"What is {i} plus {i}?" for i in range(40)], "solution": [f"So #### {2 * i}" for i in range(40)]}
+    )
+    path = tmp_path / f"data.{fmt}"
+    {"jsonl": lambda: rows.to_json(path, orient="records", lines=True), "parquet": lambda: rows.to_parquet(path),
+     "csv": lambda: rows.to_csv(path, index=False)}[fmt]()
+    cfg = load_config(None, [
+        "data.source=file", f"data.path={path}", "data.prompt_column=question", "data.answer_column=solution",
+        "data.completion_column=solution", "data.answer_pattern='#### (.+)$'", "data.num_eval=10",
+        'data.prompt_template="Q: {prompt}\\nA:"',
+    ]).data
+    refs = prepare_data(cfg, str(tmp_path / "run"))
+    validate_data(refs, cfg)
+    train = pd.read_parquet(refs.train.path)
+    assert len(train) == 30
+    row = train.iloc[0]
+    n = int(row["prompt"].split()[3])
+    assert row["prompt"] == f"Q: What is {n} plus {n}?\nA:"
+    assert row["answer"] == str(2 * n)
+    assert row["completion"].endswith(f"#### {2 * n}")
+
+
+def test_hf_dataset_from_local_directory(tmp_path):
+    ds = datasets.Dataset.from_dict({"prompt": [f"{i}+1=" for i in range(30)], "answer": [str(i + 1) for i in range(30)]})
+    datasets.DatasetDict({"train": ds}).save_to_disk(str(tmp_path / "ds"))
+    cfg = load_config(None, ["data.source=hf", f"data.hf_name={tmp_path / 'ds'}", "data.num_eval=5"]).data
+    refs = prepare_data(cfg, str(tmp_path / "run"))
+    assert len(pd.read_parquet(refs.train.path)) == 25
+    bad_split = load_config(None, ["data.source=hf", f"data.hf_name={tmp_path / 'ds'}", "data.hf_split=test"]).data
+    with pytest.raises(DataError, match="not 'test'"):
+        prepare_data(bad_split, str(tmp_path / "run2"))
+
+
+def test_missing_columns_and_files_are_named(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"q": "1+1=", "a": "2"}) + "\n")
+    cfg = load_config(None, ["data.source=file", f"data.path={path}"]).data
+    with pytest.raises(DataError, match=r"no column\(s\) \['prompt', 'answer'\]; available: \['q', 'a'\]"):
+        prepare_data(cfg, str(tmp_path / "run"))
+    cfg = load_config(None, ["data.source=file", f"data.path={tmp_path / 'nope.jsonl'}"]).data
+    with pytest.raises(DataError, match="does not exist"):
+        prepare_data(cfg, str(tmp_path / "run"))
+
+
+# ----------------------------------------------------------------------------- the pandera contract
+
+
+def good_frames():
+    train = pd.DataFrame({"prompt": ["1+1=", "2+2=", "3+3="], "answer": ["2", "4", "6"], "completion": ["2", "4", "6"]})
+    held_out = pd.DataFrame({"prompt": ["4+4=", "5+5="], "answer": ["8", "10"], "completion": ["8", "10"]})
+    return train, held_out
+
+
+@pytest.mark.parametrize(
+    ("mutate", "check", "where"),
+    [
+        (lambda t, e: t.__setitem__("prompt", ["1+1=", "1+1=", "3+3="]), "no_duplicate_prompts_within_split", "train row 1"),
+        (lambda t, e: e.__setitem__("prompt", ["1+1=", "5+5="]), "no_prompt_in_both_train_and_eval", "eval row 0"),
+        (lambda t, e: t.__setitem__("prompt", ["1+1=", "   ", "3+3="]), "prompt_not_blank", "train row 1"),
+        (lambda t, e: t.__setitem__("prompt", ["1+1=", "", "3+3="]), "str_length", "train row 1"),
+        (lambda t, e: t.__setitem__("prompt", ["1+1=", "x" * 5000, "3+3="]), "str_length", "train row 1"),
+        (lambda t, e: e.__setitem__("answer", ["8", None]), "not_nullable", "eval row 1"),
+        (lambda t, e: t.__setitem__("answer", ["2", " ", "6"]), "answer_not_blank", "train row 1"),
+    ],
+)
+def test_contract_rejects_each_bad_row_kind(mutate, check, where):
+    train, held_out = good_frames()
+    validate_frames(train, held_out, DataConfig())
+    mutate(train, held_out)
+    with pytest.raises(DataValidationError) as err:
+        validate_frames(train, held_out, DataConfig())
+    assert check in str(err.value) and where in str(err.value)
+    assert not err.value.failures.empty
+
+
+def test_contract_lists_every_bad_row_at_once():
+    train, held_out = good_frames()
+    train["prompt"] = ["1+1=", "1+1=", " "]
+    held_out["answer"] = [None, "10"]
+    with pytest.raises(DataValidationError) as err:
+        validate_frames(train, held_out, DataConfig())
+    msg = str(err.value)
+    assert "train row 1" in msg and "train row 2" in msg and "eval row 0" in msg
+    assert "in 3 row(s)" in msg

@@ -1,0 +1,120 @@
+"""The whole flow on a micro config, run through the CLI in fresh processes as users run it.
+
+One module-scoped store (Prefect home, run dir, MLflow SQLite) is shared by the runs in order: a cold run, a
+fully cached rerun, then a changed `grpo.*` value that must rerun only the GRPO side.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlflow
+import pytest
+from mlflow import MlflowClient
+
+from tests.helpers import cli_env, micro_overrides, run_cli
+
+pytestmark = pytest.mark.integration
+
+GRPO_SIDE = {"grpo_train-r1", "evaluate-r1", "register-r1"}
+MODEL_NAME = "micro-arith"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("pipeline")
+
+
+def run_pipeline(store: Path, name: str, *extra: str) -> dict:
+    summary = store / f"{name}.json"
+    args = ["run", "--config", "configs/tiny-arith.yaml", "--summary-json", str(summary), *micro_overrides(store / "runs"),
+            f"registry.model_name={MODEL_NAME}", *extra]
+    proc = run_cli(args, cli_env(store))
+    assert proc.returncode == 0, f"pipeline failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return json.loads(summary.read_text())
+
+
+def client_for(store: Path) -> MlflowClient:
+    mlflow.set_tracking_uri(f"sqlite:///{store / 'runs' / 'mlflow.db'}")
+    return MlflowClient()
+
+
+def states(summary: dict) -> dict[str, bool]:
+    return {s["stage"]: s["cached"] for s in summary["stages"]}
+
+
+def test_cold_run_trains_evaluates_and_registers(store):
+    summary = run_pipeline(store, "cold")
+    assert not any(states(summary).values()), states(summary)
+    assert list(states(summary)) == [
+        "prepare_data", "validate_data", "base_model", "sft_warmup", "evaluate-sft", "grpo_train-r1", "evaluate-r1",
+        "register-r1",
+    ]
+    reg = summary["registrations"][0]
+    assert (reg["model_name"], reg["version"], reg["alias"]) == (MODEL_NAME, "1", "champion")
+
+    client = client_for(store)
+    version = client.get_model_version_by_alias(MODEL_NAME, "champion")
+    assert str(version.version) == "1"
+    for tag in ("config_hash", "data_fingerprint", "parent_model", "gating_value"):
+        assert version.tags.get(tag), tag
+    run = client.get_run(version.run_id)
+    assert run.data.tags["stage"] == "grpo"
+    assert "eval/accuracy" in run.data.metrics and "eval/pass_at_4" in run.data.metrics
+    assert run.data.params["eval_n_samples"] == "4"
+    # TRL reported per-step training metrics to the same run
+    assert len(client.get_metric_history(run.info.run_id, "reward")) == 2
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "model", "eval"} <= artifacts
+    model_files = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "model")}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= model_files
+    config_text = Path(mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="config.yaml")).read_text()
+    assert "steps_per_round: 2" in config_text
+
+
+def test_unchanged_rerun_is_fully_cached(store):
+    summary = run_pipeline(store, "warm")
+    assert all(states(summary).values()), states(summary)
+    # nothing new was registered
+    assert len(client_for(store).search_model_versions(f"name='{MODEL_NAME}'")) == 1
+
+
+def test_changed_grpo_value_reruns_only_the_grpo_side(store):
+    summary = run_pipeline(store, "grpo-changed", "grpo.learning_rate=3e-4")
+    cached = states(summary)
+    assert {s for s, c in cached.items() if not c} == GRPO_SIDE, cached
+    reg = summary["registrations"][0]
+    assert reg["version"] == "2" and reg["alias"] in ("champion", "challenger")
+    assert reg["previous_champion"] == "1"
+    client = client_for(store)
+    aliases = {v: list(client.get_model_version(MODEL_NAME, v).aliases) for v in ("1", "2")}
+    if reg["alias"] == "champion":  # the alias moved to the better version
+        assert aliases == {"1": [], "2": ["champion"]}
+    else:
+        assert aliases == {"1": ["champion"], "2": ["challenger"]}
+
+
+def test_refresh_reruns_everything(store):
+    summary = run_pipeline(store, "refresh", "grpo.learning_rate=3e-4", "--refresh")
+    assert not any(states(summary).values()), states(summary)
+
+
+def test_invalid_data_stops_before_training(tmp_path):
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(20)]
+    rows[5]["prompt"] = rows[4]["prompt"]  # duplicate
+    rows[9]["answer"] = None  # missing answer
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    args = ["run", "--config", "configs/tiny-arith.yaml", *micro_overrides(tmp_path / "runs"), "data.source=file",
+            f"data.path={path}", "data.num_eval=4"]
+    proc = run_cli(args, cli_env(tmp_path))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "data validation failed" in out
+    assert "not_nullable" in out and "no_duplicate_prompts_within_split" in out
+    # nothing downstream ran: no model built, no SFT checkpoint, no MLflow store
+    runs = tmp_path / "runs"
+    assert not (runs / "sft").exists() and not (runs / "base").exists() and not (runs / "mlflow.db").exists()
+    # validation errors are not retried
+    assert "Retry 1/" not in out
