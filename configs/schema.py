@@ -262,7 +262,7 @@ def _format_validation_error(err: ValidationError, origin: str) -> str:
         field = ".".join(str(p) for p in e["loc"]) or "<root>"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown field; check the spelling (`grpo-pipeline config` lists every field)"
+            msg = "unknown field; check the spelling (`grpo-pipeline config --schema` lists every field)"
         else:
             msg = f"{msg} (got {e.get('input')!r})"
         lines.append(f"  - {field}: {msg}")

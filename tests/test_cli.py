@@ -1,0 +1,31 @@
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from grpo_pipeline.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+def test_help_lists_commands():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    assert "run" in result.output and "config" in result.output
+    result = runner.invoke(app, ["run", "--help"])
+    assert result.exit_code == 0 and "--refresh" in result.output and "key.sub=value" in result.output
+
+
+def test_config_prints_resolved_yaml_with_overrides():
+    result = runner.invoke(app, ["config", "--config", str(ROOT / "configs/tiny-arith.yaml"), "grpo.beta=0.04"])
+    assert result.exit_code == 0, result.output
+    resolved = yaml.safe_load(result.output)
+    assert resolved["grpo"]["beta"] == 0.04 and resolved["name"] == "tiny-arith"
+
+
+def test_bad_config_exits_2_with_field_names():
+    result = runner.invoke(app, ["run", "--config", str(ROOT / "configs/tiny-arith.yaml"), "grpo.lr=3", "sft.epochs=0"])
+    assert result.exit_code == 2
+    assert "grpo.lr" in result.output and "unknown field" in result.output
+    assert "sft.epochs" in result.output
