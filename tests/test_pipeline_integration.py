@@ -7,6 +7,7 @@ fully cached rerun, then a changed `grpo.*` value that must rerun only the GRPO 
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import mlflow
@@ -71,6 +72,12 @@ def test_cold_run_trains_evaluates_and_registers(store):
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= model_files
     config_text = Path(mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="config.yaml")).read_text()
     assert "steps_per_round: 2" in config_text
+
+    # the summary table is also a Prefect markdown artifact (read from the local server's database)
+    with sqlite3.connect(store / "prefect-home" / "prefect.db") as db:
+        artifacts = db.execute("select type, data from artifact where key = 'grpo-pipeline-summary'").fetchall()
+    assert [t for t, _ in artifacts] == ["markdown"]
+    assert "register-r1" in artifacts[0][1] and MODEL_NAME in artifacts[0][1]
 
 
 def test_unchanged_rerun_is_fully_cached(store):
