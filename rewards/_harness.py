@@ -325,13 +325,15 @@ class Units:
     """Pass/fail per test unit, kept in the harness process only."""
 
     def __init__(self, total):
-        self.total, self.passed = total, set()
+        self.total, self.passed, self.first_error = total, set(), ""
 
     def ok(self, i):
         self.passed.add(i)
 
-    def fail(self, i):
+    def fail(self, i, error=None):
         self.passed.discard(i)
+        if error is not None and not self.first_error:
+            self.first_error = "test %d: %s: %s" % (i, type(error).__name__, str(error)[:300])
 
 
 def run_tests(spec, channel):
@@ -382,6 +384,7 @@ def run_tests(spec, channel):
                     result["error"] = "test %d: %s: %s" % (i, type(e).__name__, str(e)[:300])
         result["completed"] = True
     result["passed"] = len(units.passed)
+    result["error"] = result["error"] or units.first_error
     if result["total"] == 0:  # no assert at the top of `check`: the whole call is the one unit
         result["total"], result["passed"] = 1, int(result["completed"])
     result["timeout"] = channel.timed_out

@@ -67,7 +67,7 @@ def instrument_check(test: str) -> tuple[str, int]:
     """Wrap each top-level statement of `check` that contains an assert so the harness counts it as one unit.
 
     Returns the rewritten test source and the number of units. Statement `i` becomes
-    `try: <stmt> except Exception: _grpo_units_.fail(i) else: _grpo_units_.ok(i)`.
+    `try: <stmt> except Exception as e: _grpo_units_.fail(i, e) else: _grpo_units_.ok(i)`.
     """
     try:
         tree = ast.parse(test)
@@ -82,13 +82,15 @@ def instrument_check(test: str) -> tuple[str, int]:
         if nested_def or not any(isinstance(n, ast.Assert) for n in ast.walk(stmt)):
             body.append(stmt)
             continue
-        record = lambda method: ast.Expr(  # noqa: E731
-            ast.Call(ast.Attribute(ast.Name("_grpo_units_", ast.Load()), method, ast.Load()), [ast.Constant(units)], [])
-        )
+        def record(method: str, *extra: ast.expr) -> ast.Expr:
+            target = ast.Attribute(ast.Name("_grpo_units_", ast.Load()), method, ast.Load())
+            return ast.Expr(ast.Call(target, [ast.Constant(units), *extra], []))
+
+        error = ast.Name("_grpo_error_", ast.Load())
         body.append(
             ast.Try(
                 body=[stmt],
-                handlers=[ast.ExceptHandler(type=ast.Name("Exception", ast.Load()), name=None, body=[record("fail")])],
+                handlers=[ast.ExceptHandler(ast.Name("Exception", ast.Load()), "_grpo_error_", [record("fail", error)])],
                 orelse=[record("ok")],
                 finalbody=[],
             )
