@@ -137,7 +137,8 @@ def test_cosine_length() -> None:
     )
     assert short_ok == pytest.approx(1.0, abs=1e-3) and long_ok == pytest.approx(0.5)
     assert short_bad == pytest.approx(-1.0, abs=1e-3) and long_bad == pytest.approx(-0.5)
-    tokens = fn(prompts=["q"], completions=["4"], answer=["4"], completion_ids=[[1] * 50])
+    auto = build_reward("cosine_length", {"max_len": 100})  # tokens when TRL passes completion_ids
+    tokens = auto(prompts=["q"], completions=["4"], answer=["4"], completion_ids=[[1] * 50])
     assert tokens[0] == pytest.approx(0.5 + 0.25 * (1 + math.cos(math.pi / 2)))
 
 
