@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from configs.schema import ConfigError, PipelineConfig, load_config
+from grpo_pipeline.rewards_cli import rewards_app
 from grpo_pipeline.runtime import configure_environment, configure_logging
 
 app = typer.Typer(
@@ -20,6 +21,7 @@ app = typer.Typer(
     add_completion=False,
 )
 console = Console()
+app.add_typer(rewards_app, name="rewards")
 
 ConfigOpt = Annotated[
     Path | None, typer.Option("--config", "-c", help="YAML recipe, e.g. configs/tiny-arith.yaml (defaults if omitted).")

@@ -3,13 +3,16 @@
 Contract (TRL's): `reward(prompts, completions, **dataset_columns) -> list[float | None]`, where None means
 "not applicable to this row". Completions are plain strings or chat messages; `completion_text` handles both.
 Rewards are built from config entries `{name, weight, params}`: `name` is a registered name or a dotted path
-`pkg.module:function` to a user's own reward (or reward factory, when `params` are given).
+`pkg.module:function` to a user's own reward (or reward factory, when `params` are given). See docs/rewards.md.
 """
 
 from rewards.registry import REGISTRY, build_reward, build_rewards, completion_text, register
 
 # Importing the built-in modules registers their rewards.
+from rewards import code as _code  # noqa: E402,F401
 from rewards import format as _format  # noqa: E402,F401
+from rewards import judge as _judge  # noqa: E402,F401
+from rewards import length as _length  # noqa: E402,F401
 from rewards import math as _math  # noqa: E402,F401
 
 __all__ = ["REGISTRY", "build_reward", "build_rewards", "completion_text", "register"]

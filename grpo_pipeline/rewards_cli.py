@@ -1,0 +1,115 @@
+"""`grpo-pipeline rewards ...`: try rewards on your own completions before training."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from configs.schema import ConfigError, load_config
+from grpo_pipeline.runtime import configure_logging
+
+rewards_app = typer.Typer(help="Score completions with rewards, outside training.", no_args_is_help=True)
+console = Console(stderr=True)
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    with path.open() as fh:
+        for line_no, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise typer.BadParameter(f"{path}:{line_no}: not valid JSON ({e})", param_hint="--input") from None
+            if not isinstance(row, dict) or "completion" not in row:
+                raise typer.BadParameter(f"{path}:{line_no}: a row must be an object with a 'completion' field",
+                                         param_hint="--input")
+            rows.append(row)
+    if not rows:
+        raise typer.BadParameter(f"{path} has no rows", param_hint="--input")
+    return rows
+
+
+def summarize(scores: list[float | None]) -> dict[str, float | int | None]:
+    """mean/std/min/max over the scored rows (None = not applicable is left out), and how many were None."""
+    values = [s for s in scores if s is not None]
+    if not values:
+        return {"n": 0, "none": len(scores), "mean": None, "std": None, "min": None, "max": None}
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    return {"n": len(values), "none": len(scores) - len(values), "mean": mean, "std": std,
+            "min": min(values), "max": max(values)}
+
+
+@rewards_app.command("score")
+def score(
+    input: Annotated[Path, typer.Option("--input", "-i", exists=True, dir_okay=False,
+                                        help="JSONL rows: prompt, completion, plus the columns rewards need "
+                                             "(answer, test, entry_point, test_list, ...).")],
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="Recipe whose grpo.rewards to use.")] = None,
+    rewards: Annotated[str | None, typer.Option("--rewards", "-r", help="Comma-separated reward names or "
+                                                "pkg.module:fn paths, with default params.")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write each row back with one field per "
+                                                "reward score (JSONL).")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+) -> None:
+    """Score every row with every reward; print per-reward mean/std/min/max."""
+    from rewards import build_reward
+    from rewards.registry import RewardError
+
+    configure_logging(verbose)
+    if (config is None) == (rewards is None):
+        raise typer.BadParameter("give exactly one of --config and --rewards")
+    if config is not None:
+        try:
+            specs = [(s.name, dict(s.params)) for s in load_config(config).grpo.rewards]
+        except ConfigError as e:
+            console.print(f"[red]error:[/red] {e}")
+            raise typer.Exit(2) from None
+    else:
+        specs = [(name.strip(), {}) for name in rewards.split(",") if name.strip()]
+    try:
+        fns = [build_reward(name, params) for name, params in specs]
+    except RewardError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from None
+
+    rows = _read_rows(input)
+    prompts = [r.get("prompt") for r in rows]
+    completions = [r["completion"] for r in rows]
+    keys = sorted({k for r in rows for k in r} - {"prompt", "completion"})
+    columns = {k: [r.get(k) for r in rows] for k in keys}
+
+    table = Table(title=f"rewards on {input} ({len(rows)} rows)")
+    for col in ("reward", "scored", "None", "mean", "std", "min", "max"):
+        table.add_column(col, justify="left" if col == "reward" else "right")
+    fields: list[str] = []
+    for fn in fns:
+        field = fn.__name__
+        while field in fields or field in rows[0]:
+            field = f"{field}_"
+        fields.append(field)
+        with console.status(f"scoring {field}"):
+            try:
+                scores = fn(prompts=prompts, completions=completions, **columns)
+            except (TypeError, ValueError, KeyError) as e:  # e.g. a column the reward needs is missing
+                console.print(f"[red]error:[/red] reward {field!r} failed on {input}: {type(e).__name__}: {e}")
+                raise typer.Exit(1) from None
+        for row, s in zip(rows, scores, strict=True):
+            row[field] = s
+        st = summarize(scores)
+        fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
+        table.add_row(field, str(st["n"]), str(st["none"]), *(fmt(st[k]) for k in ("mean", "std", "min", "max")))
+    if output is not None:
+        with output.open("w") as fh:
+            for row in rows:
+                fh.write(json.dumps(row) + "\n")
+        console.print(f"wrote {len(rows)} scored rows to {output}")
+    Console().print(table)

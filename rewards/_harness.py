@@ -1,0 +1,465 @@
+"""The sandbox harness: the first (and only trusted) code that runs inside a sandbox. Standard library only.
+
+The host starts `python -I -S -c <this file> <config>` with two pipes:
+  - spec fd (read): message 1 is the program, message 2 the tests and a nonce;
+  - verdict fd (write): a "started" marker, then the result and its MAC (blake2b keyed with the nonce).
+
+The harness lowers its rlimits, drops to an unprivileged uid (or, without one, makes itself non-dumpable), reads the
+program, forks, and only then reads the tests. The child runs the program and answers calls over its own pair of
+pipes; the harness runs the tests in *its* process and calls the program through a proxy that returns freshly
+decoded builtin values. So the program never holds the tests, the expected values, the nonce or the verdict fd,
+and nothing it does to its own process (sys.exit, atexit, SkipTest, an `__eq__` that is always True, a redefined
+`check`, a tampered frame) can change the count of passed tests, which only this process keeps.
+
+Wire format: 4-byte big-endian length + a small tagged text encoding (`encode`/`decode`) that keeps builtin types
+apart (tuple vs list, sets, int keys, exact floats); anything else becomes an opaque value that equals nothing.
+It is parsed by hand, without `eval` or pickle, and without importing json/re (start-up time matters here).
+"""
+
+import os
+import sys
+
+MAX_MESSAGE = 8 << 20  # bytes; a larger answer from the program counts as a failed call
+
+
+# ---------------------------------------------------------------- wire format
+def read_exact(fd, n):
+    chunks, left = [], n
+    while left:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            raise EOFError("pipe closed")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_message(fd):
+    n = int.from_bytes(read_exact(fd, 4), "big")
+    if n > MAX_MESSAGE:
+        raise ValueError("message of %d bytes is over the limit" % n)
+    return read_exact(fd, n)
+
+
+def write_message(fd, data):
+    data = len(data).to_bytes(4, "big") + data
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def encode(x, depth=0):
+    """A compact text form of a value that keeps builtin types apart (tuple vs list, int keys, sets, exact floats).
+
+    Scalars: N T F, i<int>; f<float.hex>; c<re>;<im>; b<hex>; s<len>:<chars>. Containers: l/t/S/z/I<n>: then n
+    items (list, tuple, set, frozenset, materialised iterator), d<n>: then n key/value pairs, r<a>;<b>;<c>; a range.
+    Anything else is o<len>:<type name>, an opaque value.
+    """
+    out = []
+    _encode(x, out, depth)
+    return "".join(out)
+
+
+def _encode(x, out, depth):
+    t = type(x)
+    if x is None:
+        out.append("N")
+    elif t is bool:
+        out.append("T" if x else "F")
+    elif t is int:
+        out.append("i%d;" % x)
+    elif t is float:
+        out.append("f%s;" % x.hex())
+    elif t is str:
+        out.append("s%d:" % len(x))
+        out.append(x)
+    elif depth > 100:
+        out.append("o8:too deep")
+    elif t in _CONTAINER_TAGS:
+        out.append("%s%d:" % (_CONTAINER_TAGS[t], len(x)))
+        for v in x:
+            _encode(v, out, depth + 1)
+    elif t is dict:
+        out.append("d%d:" % len(x))
+        for k, v in x.items():
+            _encode(k, out, depth + 1)
+            _encode(v, out, depth + 1)
+    elif t is bytes:
+        out.append("b%s;" % x.hex())
+    elif t is complex:
+        out.append("c%s;%s;" % (x.real.hex(), x.imag.hex()))
+    elif t is range:
+        out.append("r%d;%d;%d;" % (x.start, x.stop, x.step))
+    elif hasattr(t, "__next__") and hasattr(t, "__iter__"):  # generators, map, zip, ...: materialise (bounded)
+        items = []
+        for v in x:
+            items.append(v)
+            if len(items) > 100000:
+                break
+        out.append("I%d:" % len(items))
+        for v in items:
+            _encode(v, out, depth + 1)
+    elif hasattr(x, "tolist") and t.__module__ == "numpy":  # numpy scalars/arrays from honest programs
+        _encode(x.tolist(), out, depth + 1)
+    else:
+        name = t.__name__ if isinstance(t.__name__, str) else "?"
+        out.append("o%d:%s" % (len(name), name))
+
+
+_CONTAINER_TAGS = {list: "l", tuple: "t", set: "S", frozenset: "z"}
+
+
+class Opaque:
+    """A value that could not be sent as builtin data; it equals nothing but itself."""
+
+    __slots__ = ("type_name",)
+
+    def __init__(self, type_name):
+        self.type_name = str(type_name)
+
+    def __repr__(self):
+        return "<opaque %s>" % self.type_name
+
+
+class DecodeError(ValueError):
+    pass
+
+
+def decode(text):
+    """Fresh builtin objects from `encode`'s text; malformed input raises DecodeError."""
+    try:
+        value, pos = _decode(text, 0, 0)
+    except (IndexError, ValueError, TypeError, OverflowError, RecursionError) as e:
+        raise DecodeError("%s: %s" % (type(e).__name__, e)) from None
+    if pos != len(text):
+        raise DecodeError("trailing data")
+    return value
+
+
+def _upto(text, pos, sep):
+    end = text.index(sep, pos)
+    return text[pos:end], end + 1
+
+
+def _decode(text, pos, depth):
+    if depth > 200:
+        raise DecodeError("too deep")
+    tag = text[pos]
+    pos += 1
+    if tag == "N":
+        return None, pos
+    if tag == "T":
+        return True, pos
+    if tag == "F":
+        return False, pos
+    if tag == "i":
+        raw, pos = _upto(text, pos, ";")
+        return int(raw), pos
+    if tag == "f":
+        raw, pos = _upto(text, pos, ";")
+        return float.fromhex(raw), pos
+    if tag in "so":
+        raw, pos = _upto(text, pos, ":")
+        n = int(raw)
+        if n < 0 or pos + n > len(text):
+            raise DecodeError("bad length")
+        s = text[pos : pos + n]
+        return (s if tag == "s" else Opaque(s)), pos + n
+    if tag in "ltSzId":
+        raw, pos = _upto(text, pos, ":")
+        n = int(raw)
+        if n < 0 or n > len(text):
+            raise DecodeError("bad length")
+        items = []
+        for _ in range(2 * n if tag == "d" else n):
+            v, pos = _decode(text, pos, depth + 1)
+            items.append(v)
+        if tag == "l":
+            return items, pos
+        if tag == "t":
+            return tuple(items), pos
+        if tag == "S":
+            return set(items), pos
+        if tag == "z":
+            return frozenset(items), pos
+        if tag == "I":
+            return iter(items), pos
+        return dict(zip(items[0::2], items[1::2])), pos
+    if tag == "b":
+        raw, pos = _upto(text, pos, ";")
+        return bytes.fromhex(raw), pos
+    if tag == "c":
+        re_, pos = _upto(text, pos, ";")
+        im, pos = _upto(text, pos, ";")
+        return complex(float.fromhex(re_), float.fromhex(im)), pos
+    if tag == "r":
+        a, pos = _upto(text, pos, ";")
+        b, pos = _upto(text, pos, ";")
+        c, pos = _upto(text, pos, ";")
+        return range(int(a), int(b), int(c)), pos
+    raise DecodeError("unknown tag %r" % tag)
+
+
+def to_bytes(text):
+    return text.encode("utf-8", "surrogatepass")
+
+
+def from_bytes(data):
+    return data.decode("utf-8", "surrogatepass")
+
+
+# ---------------------------------------------------------------- the program's side (child process)
+def send(fd, value):
+    write_message(fd, to_bytes(encode(value)))
+
+
+def receive(fd):
+    return decode(from_bytes(read_message(fd)))
+
+
+def serve_program(program, req_fd, resp_fd):
+    """Run the program, then answer calls `(name, args, kwargs)` until the pipe closes. Never returns."""
+    import builtins
+
+    namespace = {"__name__": "solution", "__builtins__": builtins}
+    try:
+        exec(compile(program, "<solution>", "exec"), namespace)
+        names = [k for k, v in list(namespace.items()) if type(k) is str and not k.startswith("__") and callable(v)]
+        send(resp_fd, ("ready", names))
+    except BaseException as e:  # SystemExit, SkipTest, ... at import time: the program did not load
+        send(resp_fd, ("load_error", type(e).__name__, str(e)[:500]))
+        os._exit(0)
+    while True:
+        try:
+            name, args, kwargs = receive(req_fd)
+        except BaseException:
+            os._exit(0)
+        try:
+            answer = ("v", namespace[name](*args, **kwargs))
+            data = encode(answer)
+        except BaseException as e:
+            try:
+                data = encode(("e", type(e).__name__, str(e)[:300]))
+            except BaseException:
+                data = encode(("e", "Exception", "unprintable"))
+        write_message(resp_fd, to_bytes(data))
+
+
+# ---------------------------------------------------------------- the tests' side (this process)
+class CandidateFailure(Exception):
+    """The program raised, died, answered garbage or ran out of time (a failed test, never a passed one)."""
+
+
+class Channel:
+    """Calls into the program's process; every answer is decoded into fresh builtin objects."""
+
+    def __init__(self, pid, req_fd, resp_fd, deadline):
+        self.pid, self.req_fd, self.resp_fd, self.deadline = pid, req_fd, resp_fd, deadline
+        self.dead = None  # why the program can no longer be called
+        self.timed_out = False
+
+    def _receive(self):
+        import select
+
+        wait = self.deadline - _now()
+        if wait <= 0 or not select.select([self.resp_fd], [], [], wait)[0]:
+            self.timed_out = True
+            self.kill("timeout")
+            raise CandidateFailure("timeout")
+        try:
+            answer = receive(self.resp_fd)
+            if type(answer) is not tuple or not answer or type(answer[0]) is not str:
+                raise DecodeError("not a tagged tuple")
+            return answer
+        except Exception as e:
+            self.kill("bad answer: %s" % type(e).__name__)
+            raise CandidateFailure(self.dead) from None
+
+    def kill(self, why):
+        if self.dead is None:
+            self.dead = why
+            try:
+                os.kill(self.pid, 9)
+            except OSError:
+                pass
+
+    def ready(self):
+        """The names the program defines, or raise CandidateFailure if it did not load."""
+        msg = self._receive()
+        if msg[0] != "ready" or len(msg) != 2 or type(msg[1]) is not list:
+            self.kill("load error: %s" % " ".join(str(m) for m in msg[1:])[:500])
+            raise CandidateFailure(self.dead)
+        return [n for n in msg[1] if type(n) is str]
+
+    def call(self, name, args, kwargs):
+        if self.dead is not None:
+            raise CandidateFailure(self.dead)
+        try:
+            send(self.req_fd, (name, tuple(args), dict(kwargs)))
+        except OSError:
+            self.kill("program exited")
+            raise CandidateFailure(self.dead) from None
+        answer = self._receive()
+        if answer[0] == "v" and len(answer) == 2:
+            return answer[1]
+        kind, detail = (list(answer[1:]) + ["Error", ""])[:2]
+        exc = getattr(__import__("builtins"), str(kind), None)
+        if isinstance(exc, type) and issubclass(exc, Exception) and exc not in (StopIteration, StopAsyncIteration):
+            raise exc(str(detail))  # a builtin exception type: tests may expect e.g. ValueError
+        raise CandidateFailure("%s: %s" % (kind, detail))
+
+
+class Proxy:
+    """Stands in for one of the program's functions inside the tests."""
+
+    def __init__(self, channel, name):
+        self._channel, self._name = channel, name
+
+    def __call__(self, *args, **kwargs):
+        return self._channel.call(self._name, args, kwargs)
+
+    def __repr__(self):
+        return "<function %s>" % self._name
+
+
+class Units:
+    """Pass/fail per test unit, kept in the harness process only."""
+
+    def __init__(self, total):
+        self.total, self.passed, self.first_error = total, set(), ""
+
+    def ok(self, i):
+        self.passed.add(i)
+
+    def fail(self, i, error=None):
+        self.passed.discard(i)
+        if error is not None and not self.first_error:
+            self.first_error = "test %d: %s: %s" % (i, type(error).__name__, str(error)[:300])
+
+
+def run_tests(spec, channel):
+    """Run the tests against the program; returns the payload of the verdict."""
+    import builtins
+
+    result = {"loaded": False, "passed": 0, "total": int(spec["total"]), "completed": False, "error": "",
+              "timeout": False}
+    try:
+        names = channel.ready()
+    except CandidateFailure as e:
+        result["error"] = str(e)
+        result["timeout"] = channel.timed_out
+        return result
+    result["loaded"] = True
+    units = Units(result["total"])
+    namespace = {"__name__": "__tests__", "__builtins__": builtins, "_grpo_units_": units}
+    for module in spec.get("imports", []):
+        try:
+            namespace[module] = __import__(module)
+        except Exception:
+            pass
+    if spec["kind"] == "humaneval":
+        if spec.get("setup"):  # the task's prompt: imports and helpers (e.g. `poly`) that tests use
+            try:
+                exec(compile(spec["setup"], "<prompt>", "exec"), namespace)
+            except Exception:
+                pass
+        exec(compile(spec["test"], "<test>", "exec"), namespace)  # trusted; errors here are infrastructure errors
+        proxy = Proxy(channel, spec["entry_point"])
+        namespace[spec["entry_point"]] = proxy
+        try:
+            namespace["check"](proxy)
+            result["completed"] = True
+        except Exception as e:
+            result["error"] = "%s: %s" % (type(e).__name__, str(e)[:300])
+    else:  # "asserts": one unit per statement, each run on its own
+        for name in names:
+            namespace[name] = Proxy(channel, name)
+        if spec.get("setup"):
+            exec(compile(spec["setup"], "<setup>", "exec"), namespace)
+        for i, statement in enumerate(spec["asserts"]):
+            try:
+                exec(compile(statement, "<test %d>" % i, "exec"), namespace)
+                units.ok(i)
+            except Exception as e:
+                if not result["error"]:
+                    result["error"] = "test %d: %s: %s" % (i, type(e).__name__, str(e)[:300])
+        result["completed"] = True
+    result["passed"] = len(units.passed)
+    result["error"] = result["error"] or units.first_error
+    if result["total"] == 0:  # no assert at the top of `check`: the whole call is the one unit
+        result["total"], result["passed"] = 1, int(result["completed"])
+    result["timeout"] = channel.timed_out
+    return result
+
+
+def mac(key, body):
+    """blake2b keyed with the run's nonce (the builtin _blake2 module: no OpenSSL start-up cost)."""
+    try:
+        from _blake2 import blake2b
+    except ImportError:
+        from hashlib import blake2b
+    return blake2b(body, key=key, digest_size=32).hexdigest()
+
+
+def _now():
+    import time
+
+    return time.monotonic()
+
+
+def _drop_privileges(config):
+    import resource
+
+    for name, value in config["rlimits"].items():
+        resource.setrlimit(getattr(resource, name), (value, value))
+    uid = config.get("uid")
+    if uid is not None and os.getuid() == 0:
+        # A real unprivileged uid: RLIMIT_NPROC counts (it is ignored for root), and the kernel makes this process
+        # non-dumpable, so the program (forked below) cannot read its memory or its fds through /proc.
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+    else:
+        import ctypes
+
+        PR_SET_DUMPABLE = 4
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+            raise OSError("prctl(PR_SET_DUMPABLE) failed")
+
+
+def main():
+    config = decode(sys.argv[1])
+    spec_fd, verdict_fd = config["spec_fd"], config["verdict_fd"]
+    start = _now()
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(0)
+    _drop_privileges(config)
+    write_message(verdict_fd, b"started")
+    program = from_bytes(read_message(spec_fd))
+    req_r, req_w = os.pipe()
+    resp_r, resp_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            for fd in (spec_fd, verdict_fd, req_w, resp_r):
+                os.close(fd)
+            serve_program(program, req_r, resp_w)
+        finally:
+            os._exit(0)
+    os.close(req_r)
+    os.close(resp_w)
+    spec = receive(spec_fd)
+    os.close(spec_fd)
+    channel = Channel(pid, req_w, resp_r, start + float(spec["timeout"]))
+    try:
+        payload = run_tests(spec, channel)
+    except BaseException as e:  # a broken test (not the program): reported as an infrastructure error
+        payload = {"infra_error": "%s: %s" % (type(e).__name__, str(e)[:500])}
+    channel.kill("done")
+    body = to_bytes(encode(payload))
+    write_message(verdict_fd, body)
+    write_message(verdict_fd, mac(bytes.fromhex(spec["nonce"]), body).encode())
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

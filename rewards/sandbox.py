@@ -1,0 +1,388 @@
+"""A local sandbox for model-written programs, used by the code reward and by code evaluation.
+
+Each program runs in a fresh process with:
+  - bubblewrap (`bwrap`, Debian package `bubblewrap`) namespaces: no network, its own pid/ipc/uts namespaces, a
+    read-only view of `/usr` and the Python installation only, a fresh tmpfs as the (empty) working directory and
+    /tmp, an empty environment, and `--die-with-parent`;
+  - a real unprivileged uid (one per worker slot) when the host runs as root: RLIMIT_NPROC is ignored for root
+    (kernel/fork.c), and a user namespace would map the sandbox's uid back to root outside, so as root we let
+    bubblewrap skip the user namespace and the harness drops to that uid itself; as a normal user,
+    `--unshare-all` with a user namespace is used;
+  - rlimits on CPU time, address space, file size and process count, a cap on output bytes, and a wall-clock
+    timeout that kills the whole process group (and with it bwrap's pid namespace).
+Without bubblewrap the same harness runs with rlimits only, and the log says so loudly on every sandbox start.
+
+The verdict cannot be forged by the program: the harness (rewards/_harness.py) runs the tests in its own process
+and calls into the program's process through a proxy that returns plain decoded data, then writes the count of
+passed tests on a pipe the program never holds, keyed with a per-run nonce it never sees. Exit codes and stdout are
+not read for the verdict. Infrastructure failures (bwrap cannot start, a broken test) give `score=None`, never 0.
+
+Programs run in parallel on a thread pool bounded by the number of cores; each thread only waits on pipes, so the
+reward stays usable from any thread (e.g. TRL's training loop or a Prefect task).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import queue
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from rewards import _harness
+from rewards._harness import DecodeError
+
+logger = logging.getLogger(__name__)
+
+HARNESS_SOURCE = (Path(__file__).with_name("_harness.py")).read_text()
+_BASE_UID = 61000  # slot uids are 61000 + slot; no passwd entry is needed
+_SANDBOX_UID = 65534  # the uid seen inside a user namespace (non-root hosts)
+_GRACE_S = 0.5  # the host kills this long after the harness's own deadline
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Limits and isolation for one program run (all per program)."""
+
+    timeout_s: float = 5.0  # wall clock for loading the program and running all its tests
+    memory_mb: int = 1024  # RLIMIT_AS
+    cpu_s: int | None = None  # RLIMIT_CPU; defaults to ceil(timeout_s) + 1
+    file_size_mb: int = 16  # RLIMIT_FSIZE, and the size of the tmpfs work dir
+    max_processes: int = 16  # RLIMIT_NPROC for the slot's uid (processes and threads)
+    max_output_bytes: int = 1 << 20  # stdout+stderr kept; more kills the program
+    workers: int | None = None  # parallel programs; defaults to the usable cores
+    isolation: Literal["auto", "bwrap", "none"] = "auto"  # "auto": bwrap when it works, else rlimits only
+    python: str | None = None  # interpreter inside the sandbox; defaults to this one's base interpreter
+    extra_ro_paths: tuple[str, ...] = ()  # more host paths shown read-only (e.g. a site-packages with numpy)
+
+
+@dataclass
+class CodeJob:
+    """One program and its tests. `spec` is what the harness runs (see rewards/code.py for how it is built)."""
+
+    program: str
+    spec: dict[str, Any]
+
+
+@dataclass
+class RunResult:
+    """What happened to one program: tests passed out of total, and why it stopped."""
+
+    status: str  # ok | failed | load_error | timeout | output_limit | no_verdict | forged | infra_error
+    passed: int = 0
+    total: int = 0
+    detail: str = ""
+    output: str = ""
+    seconds: float = 0.0
+
+    @property
+    def infra_error(self) -> bool:
+        return self.status == "infra_error"
+
+    def score(self, mode: Literal["pass", "fraction"] = "pass") -> float | None:
+        """1/0 when every test passed ('pass') or the passed fraction ('fraction'); None for infrastructure errors."""
+        if self.infra_error:
+            return None
+        if self.status == "output_limit" or self.total == 0:
+            return 0.0
+        if mode == "fraction":
+            return self.passed / self.total
+        return 1.0 if self.status == "ok" else 0.0
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@functools.cache
+def _base_python() -> tuple[str, str]:
+    """(interpreter, installation prefix) of the Python that runs this code, outside any virtualenv."""
+    exe = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+    return exe, os.path.realpath(sys.base_prefix)
+
+
+@functools.cache
+def bwrap_status(python: str | None = None) -> tuple[bool, str]:
+    """Whether bubblewrap can start a sandbox here (it may be installed but blocked, e.g. no user namespaces)."""
+    exe = shutil.which("bwrap")
+    if exe is None:
+        return False, "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+    probe = Sandbox(SandboxConfig(isolation="bwrap", python=python), _probe=True)
+    argv = probe._argv(slot=0, config_text="N")
+    argv[argv.index("-c") + 1] = "pass"
+    argv = argv[: argv.index("-c") + 2]
+    try:
+        r = subprocess.run(argv, capture_output=True, timeout=20, env={})
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"bwrap failed to start: {e}"
+    if r.returncode != 0:
+        return False, f"bwrap failed to start: {r.stderr.decode(errors='replace').strip()}"
+    return True, exe
+
+
+def _path_is_world_traversable(path: str) -> bool:
+    """True when every directory above `path` lets other users through (needed after dropping root)."""
+    p = Path(path)
+    return all(os.stat(d).st_mode & 0o001 for d in p.parents)
+
+
+class Sandbox:
+    """Runs `CodeJob`s in isolated processes, in parallel. Thread-safe; one instance can serve many callers."""
+
+    def __init__(self, config: SandboxConfig | None = None, *, _probe: bool = False) -> None:
+        self.config = config or SandboxConfig()
+        c = self.config
+        self.python, prefix = (c.python, str(Path(c.python).resolve().parent.parent)) if c.python else _base_python()
+        self.python_prefix = prefix
+        self.is_root = os.geteuid() == 0
+        self.workers = c.workers or usable_cores()
+        self._slots: queue.Queue[int] = queue.Queue()
+        for slot in range(self.workers):
+            self._slots.put(slot)
+        self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="sandbox")
+        if _probe:
+            self.isolated = True
+            return
+        if c.isolation == "none":
+            self.isolated = False
+            logger.warning("SANDBOX ISOLATION IS OFF (isolation='none'): programs run with rlimits only and can read "
+                           "your files and use the network")
+            return
+        ok, why = bwrap_status(c.python)
+        if not ok and c.isolation == "bwrap":
+            raise RuntimeError(f"sandbox isolation 'bwrap' was requested but {why}")
+        self.isolated = ok
+        if not ok:
+            logger.warning(
+                "SANDBOX ISOLATION IS OFF: %s. Programs run with rlimits only: they can read your files and use the "
+                "network. Install bubblewrap (apt-get install bubblewrap) before running untrusted code.", why
+            )
+
+    # ------------------------------------------------------------ command line
+    def _limits(self) -> dict[str, int]:
+        c = self.config
+        cpu = c.cpu_s if c.cpu_s is not None else math.ceil(c.timeout_s) + 1
+        return {
+            "RLIMIT_CPU": cpu,
+            "RLIMIT_AS": c.memory_mb << 20,
+            "RLIMIT_FSIZE": c.file_size_mb << 20,
+            "RLIMIT_NPROC": c.max_processes,
+            "RLIMIT_CORE": 0,
+        }
+
+    def _argv(self, slot: int, config_text: str) -> list[str]:
+        harness = [self.python, "-I", "-S", "-c", HARNESS_SOURCE, config_text]
+        if not self.isolated:
+            return harness
+        tmpfs_bytes = str(self.config.file_size_mb << 20)
+        argv = ["bwrap", "--die-with-parent", "--new-session", "--clearenv"]
+        if self.is_root:  # no user namespace: the harness drops to a real unprivileged uid (see module docstring)
+            argv += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+                     "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        else:
+            argv += ["--unshare-all", "--uid", str(_SANDBOX_UID), "--gid", str(_SANDBOX_UID)]
+        argv += ["--ro-bind", "/usr", "/usr"]
+        for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
+            if os.path.islink(top):
+                argv += ["--symlink", os.readlink(top), top]
+            elif os.path.isdir(top):
+                argv += ["--ro-bind", top, top]
+        made: set[str] = set()
+        for path in (self.python_prefix, *self.config.extra_ro_paths):
+            if path.startswith("/usr/") or not os.path.exists(path):
+                continue
+            for parent in reversed(Path(path).parents):  # bwrap would create them 0700
+                if str(parent) != "/" and str(parent) not in made:
+                    made.add(str(parent))
+                    argv += ["--perms", "0755", "--dir", str(parent)]
+            argv += ["--ro-bind", path, path]
+        argv += ["--proc", "/proc", "--dev", "/dev",
+                 "--perms", "1777", "--size", tmpfs_bytes, "--tmpfs", "/tmp",
+                 "--perms", "0777", "--size", tmpfs_bytes, "--tmpfs", "/work", "--chdir", "/work", "--"]
+        return argv + harness
+
+    # ------------------------------------------------------------ running
+    def run(self, jobs: Sequence[CodeJob]) -> list[RunResult]:
+        """Run every job (in parallel, bounded by `workers`); results in the same order."""
+        return list(self._pool.map(self._run_with_slot, jobs))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    def _run_with_slot(self, job: CodeJob) -> RunResult:
+        slot = self._slots.get()
+        try:
+            return self.run_one(job, slot)
+        except Exception as e:  # a bug or an OS error on our side: never a silent 0
+            logger.exception("sandbox infrastructure error")
+            return RunResult(status="infra_error", detail=f"{type(e).__name__}: {e}")
+        finally:
+            self._slots.put(slot)
+
+    def run_one(self, job: CodeJob, slot: int = 0) -> RunResult:
+        """Run one job in slot `slot` (slots select the unprivileged uid, so that process counts stay apart)."""
+        c = self.config
+        start = time.monotonic()
+        nonce = secrets.token_bytes(32)
+        spec = dict(job.spec, nonce=nonce.hex(), timeout=c.timeout_s)
+        spec_r, spec_w = os.pipe()
+        verdict_r, verdict_w = os.pipe()
+        out_r, out_w = os.pipe()
+        config = {"spec_fd": spec_r, "verdict_fd": verdict_w, "rlimits": self._limits()}
+        workdir = None
+        uid = _BASE_UID + slot
+        if self.is_root and (self.isolated or _path_is_world_traversable(self.python)):
+            config["uid"] = uid
+        if not self.isolated:
+            workdir = tempfile.mkdtemp(prefix="grpo-sandbox-")
+            if "uid" in config:
+                os.chown(workdir, uid, uid)
+        try:
+            proc = subprocess.Popen(
+                self._argv(slot, _harness.encode(config)),
+                stdin=subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=out_w,
+                pass_fds=(spec_r, verdict_w),
+                cwd=workdir,
+                env={},
+                start_new_session=True,  # its own process group, killed as a whole
+            )
+        finally:
+            for fd in (spec_r, verdict_w, out_w):
+                os.close(fd)
+        try:
+            return self._supervise(proc, job, spec, nonce, spec_w, verdict_r, out_r, start)
+        finally:
+            for fd in (spec_w, verdict_r, out_r):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            if workdir:
+                shutil.rmtree(workdir, ignore_errors=True)
+
+    def _supervise(self, proc, job, spec, nonce, spec_w, verdict_r, out_r, start) -> RunResult:
+        c = self.config
+        pending = _frame(_harness.to_bytes(job.program)) + _frame(_harness.to_bytes(_harness.encode(spec)))
+        os.set_blocking(spec_w, False)
+        verdict, output = bytearray(), bytearray()
+        output_bytes, killed = 0, None
+        deadline = start + c.timeout_s + _GRACE_S
+        with selectors.DefaultSelector() as sel:
+            sel.register(spec_w, selectors.EVENT_WRITE, "spec")
+            sel.register(verdict_r, selectors.EVENT_READ, "verdict")
+            sel.register(out_r, selectors.EVENT_READ, "out")
+            readers = 2
+            while readers:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    killed = "timeout"
+                    break
+                for key, _ in sel.select(timeout=left):
+                    if key.data == "spec":
+                        try:
+                            pending = pending[os.write(spec_w, pending):]
+                        except (BrokenPipeError, BlockingIOError) as e:
+                            pending = b"" if isinstance(e, BrokenPipeError) else pending
+                        if not pending:
+                            sel.unregister(spec_w)
+                        continue
+                    chunk = os.read(key.fd, 1 << 16)
+                    if not chunk:
+                        sel.unregister(key.fd)
+                        readers -= 1
+                    elif key.data == "verdict":
+                        verdict += chunk
+                    else:
+                        output_bytes += len(chunk)
+                        if len(output) < c.max_output_bytes:
+                            output += chunk[: c.max_output_bytes - len(output)]
+                        if output_bytes > c.max_output_bytes:
+                            killed = "output_limit"
+                            readers = 0
+                            break
+        _kill_group(proc)
+        seconds = time.monotonic() - start
+        text = output.decode(errors="replace")
+        result = _parse_verdict(bytes(verdict), nonce)
+        if result is not None:
+            result.output, result.seconds = text, seconds
+            if killed == "output_limit":  # a verdict was written, but the program flooded its output
+                result.status = "output_limit"
+            return result
+        if killed:
+            return RunResult(status=killed, detail=f"killed: {killed}", output=text, seconds=seconds)
+        if not verdict.startswith(_frame(b"started")):
+            logger.error("sandbox did not start (exit code %s): %s", proc.returncode, text.strip()[-2000:])
+            return RunResult(status="infra_error", detail="sandbox did not start", output=text,
+                             seconds=seconds)
+        return RunResult(status="no_verdict", detail="the harness died before writing a verdict",
+                         output=text, seconds=seconds)
+
+
+def _frame(data: bytes) -> bytes:
+    return len(data).to_bytes(4, "big") + data
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _parse_verdict(data: bytes, nonce: bytes) -> RunResult | None:
+    """The verdict ("started", payload, MAC) if the harness wrote one with a valid MAC; None when it wrote none."""
+    messages, pos = [], 0
+    while pos + 4 <= len(data):
+        n = int.from_bytes(data[pos : pos + 4], "big")
+        if pos + 4 + n > len(data):
+            break
+        messages.append(data[pos + 4 : pos + 4 + n])
+        pos += 4 + n
+    if len(messages) < 3:
+        return None
+    body, mac = messages[1], messages[2].decode(errors="replace")
+    try:
+        if not secrets.compare_digest(_harness.mac(nonce, body), mac):
+            raise ValueError("bad MAC")
+        payload = _harness.decode(_harness.from_bytes(body))
+        if not isinstance(payload, dict):
+            raise ValueError("payload is not a mapping")
+        if "infra_error" in payload:
+            logger.error("the tests themselves failed to run: %s", payload["infra_error"])
+            return RunResult(status="infra_error", detail=str(payload["infra_error"]))
+        passed, total = int(payload["passed"]), int(payload["total"])
+        loaded, completed = bool(payload["loaded"]), bool(payload["completed"])
+    except (ValueError, KeyError, TypeError, DecodeError) as e:
+        logger.warning("sandbox verdict rejected (%s); scoring the program 0", e)
+        return RunResult(status="forged", detail=str(e))
+    if loaded and completed and passed == total:
+        status = "ok"
+    else:
+        status = "timeout" if payload.get("timeout") else "load_error" if not loaded else "failed"
+    return RunResult(status=status, passed=passed, total=total, detail=str(payload.get("error") or ""))
+
+
+@functools.cache
+def default_sandbox(config: SandboxConfig | None = None) -> Sandbox:
+    """One shared sandbox per config, so rewards built many times reuse one worker pool."""
+    return Sandbox(config or SandboxConfig())

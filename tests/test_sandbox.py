@@ -1,0 +1,354 @@
+"""The sandbox against hostile programs: each must score 0, leave the host unharmed and finish within timeout + 2 s.
+
+Every program is a HumanEval-style answer for `f(x) == 2 * x`; each test also asserts that a canary file outside the
+sandbox is untouched and that this test process is alive. Tests that need real isolation (file system, network)
+are skipped when bubblewrap cannot run here (CI installs it: see .ci/run).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from rewards._harness import Opaque, decode, encode
+from rewards.code import humaneval_job
+from rewards.sandbox import _BASE_UID, CodeJob, RunResult, Sandbox, SandboxConfig, bwrap_status
+
+TIMEOUT_S = 2.0
+PROMPT = "def f(x):\n    \"\"\"Return twice x.\"\"\"\n"
+TEST = textwrap.dedent(
+    """
+    def check(candidate):
+        assert candidate(2) == 4
+        assert candidate(-3) == -6
+        assert candidate(5) == 10
+    """
+)
+SECRET = "grpo-sandbox-secret-7f3a"
+HAS_BWRAP = bwrap_status()[0]
+needs_bwrap = pytest.mark.skipif(not HAS_BWRAP, reason=f"bubblewrap unavailable: {bwrap_status()[1]}")
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Sandbox:
+    return Sandbox(SandboxConfig(timeout_s=TIMEOUT_S, memory_mb=512, max_processes=16, max_output_bytes=1 << 16))
+
+
+@pytest.fixture
+def canary(tmp_path: Path) -> Path:
+    path = tmp_path / "canary.txt"
+    path.write_text(SECRET)
+    return path
+
+
+def run_program(sandbox: Sandbox, program: str, test: str = TEST) -> RunResult:
+    job = humaneval_job(PROMPT, "", test, "f")
+    start = time.monotonic()
+    result = sandbox.run([CodeJob(program=textwrap.dedent(program), spec=job.spec)])[0]
+    elapsed = time.monotonic() - start
+    assert elapsed < TIMEOUT_S + 2, f"took {elapsed:.1f}s"
+    return result
+
+
+def assert_host_unharmed(canary: Path) -> None:
+    assert canary.read_text() == SECRET
+    assert os.getpid() > 0  # we are still running, i.e. not killed
+
+
+def test_honest_program_passes(sandbox: Sandbox) -> None:
+    result = run_program(sandbox, "def f(x):\n    return 2 * x\n")
+    assert result.status == "ok", result
+    assert result.score() == 1.0 and (result.passed, result.total) == (3, 3)
+
+
+def test_partial_program_gets_fraction(sandbox: Sandbox) -> None:
+    result = run_program(sandbox, "def f(x):\n    return 4 if x == 2 else 1\n")
+    assert result.score("pass") == 0.0
+    assert result.score("fraction") == pytest.approx(1 / 3)
+
+
+HOSTILE = {
+    "sys_exit_at_import": "import sys\nsys.exit(0)\n",
+    "sys_exit_in_call": "def f(x):\n    import sys\n    sys.exit(0)\n",
+    "os_exit_at_import": "import os\nos._exit(0)\n",
+    "os_exit_in_call": "def f(x):\n    import os\n    os._exit(0)\n",
+    "raise_systemexit": "def f(x):\n    raise SystemExit(0)\n",
+    "atexit_exit_0": """
+        import atexit, os
+        atexit.register(lambda: os._exit(0))
+        def f(x):
+            raise RuntimeError("fail, then hope atexit reports success")
+        """,
+    "skiptest_at_import": "import unittest\nraise unittest.SkipTest('nothing to see')\n",
+    "skiptest_in_call": "import unittest\ndef f(x):\n    raise unittest.SkipTest('skip')\n",
+    "eq_always_true": """
+        class Anything:
+            def __eq__(self, other): return True
+            def __ne__(self, other): return False
+            __hash__ = object.__hash__
+        def f(x):
+            return Anything()
+        """,
+    "int_subclass_eq": """
+        class Int(int):
+            def __eq__(self, other): return True
+        def f(x):
+            return Int(0)
+        """,
+    "redefine_check_and_assert_helpers": """
+        import builtins
+        def check(candidate):
+            return True
+        builtins.AssertionError = type("AssertionError", (Exception,), {})
+        builtins.abs = lambda x: 0
+        def f(x):
+            return 0
+        """,
+    "tamper_caller_frame": """
+        import sys, gc
+        def f(x):
+            frame = sys._getframe(1)
+            while frame is not None:
+                frame.f_globals["check"] = lambda c: None
+                for name in ("passed", "total", "result"):
+                    if name in frame.f_locals:
+                        frame.f_locals[name] = 3
+                frame = frame.f_back
+            for obj in gc.get_objects():
+                if type(obj).__name__ in ("Units", "Channel"):
+                    obj.__dict__.update(passed={0, 1, 2}, total=3)
+            return 0
+        """,
+    "forge_verdict_on_fds": """
+        import os
+        def f(x):
+            for fd in range(3, 64):
+                try:
+                    os.write(fd, (7).to_bytes(4, "big") + b"started" + b"\\x00\\x00\\x00\\x02ok")
+                except OSError:
+                    pass
+            return 0
+        """,
+    "infinite_loop": "def f(x):\n    while True:\n        pass\n",
+    "infinite_loop_at_import": "while True:\n    pass\n",
+    "sleep_past_timeout": "import time\ndef f(x):\n    time.sleep(60)\n    return 2 * x\n",
+    "deep_recursion": """
+        import sys
+        sys.setrecursionlimit(10 ** 7)
+        def f(x):
+            return f(x + 1) + 1
+        """,
+    "fork_storm": """
+        import os
+        def f(x):
+            for _ in range(12):  # at most 4096 processes without a limit
+                try:
+                    os.fork()
+                except OSError:
+                    pass
+            return 2 * x + 1
+        """,
+    "memory_bomb": """
+        def f(x):
+            hoard = []
+            while True:
+                hoard.append(bytearray(64 << 20))
+        """,
+    "big_allocation": "def f(x):\n    return len(bytearray(1 << 40))\n",
+    "gigabyte_of_stdout": """
+        import sys, os
+        def f(x):
+            chunk = b"x" * (1 << 20)
+            for _ in range(1024):
+                os.write(1, chunk)
+            return 2 * x
+        """,
+    "kill_parent": "import os\ndef f(x):\n    os.kill(os.getppid(), 9)\n    return 2 * x\n",
+    "kill_process_group": "import os\ndef f(x):\n    os.killpg(0, 9)\n    return 2 * x\n",
+    "kill_everything": "import os\ndef f(x):\n    os.kill(-1, 9)\n    return 2 * x\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_program_scores_zero(sandbox: Sandbox, canary: Path, name: str) -> None:
+    result = run_program(sandbox, HOSTILE[name])
+    assert result.score() == 0.0, result
+    assert result.score("fraction") == 0.0, result
+    assert not result.infra_error
+    assert_host_unharmed(canary)
+
+
+def test_fork_storm_leaves_no_processes(sandbox: Sandbox) -> None:
+    run_program(sandbox, HOSTILE["fork_storm"])
+    if os.geteuid() != 0:
+        pytest.skip("slot uids are only used when running as root")
+    time.sleep(0.2)
+    leftovers = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            uid_line = next(line for line in status.read_text().splitlines() if line.startswith("Uid:"))
+        except (OSError, StopIteration):
+            continue
+        uid = int(uid_line.split()[1])
+        if _BASE_UID <= uid < _BASE_UID + sandbox.workers:
+            leftovers.append(status.parent.name)
+    assert leftovers == []
+
+
+def test_output_limit_is_reported(sandbox: Sandbox) -> None:
+    result = run_program(sandbox, HOSTILE["gigabyte_of_stdout"])
+    assert result.status == "output_limit"
+    assert len(result.output) <= sandbox.config.max_output_bytes
+
+
+def test_timeout_is_reported(sandbox: Sandbox) -> None:
+    assert run_program(sandbox, HOSTILE["sleep_past_timeout"]).status == "timeout"
+
+
+def test_environment_secret_is_not_visible(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRPO_SANDBOX_SECRET", SECRET)
+    program = """
+        import os
+        print(dict(os.environ))
+        def f(x):
+            return os.environ.get("GRPO_SANDBOX_SECRET")
+        """
+    test = f"def check(candidate):\n    assert candidate(1) == {SECRET!r}\n"
+    result = run_program(sandbox, program, test)
+    assert result.score() == 0.0, result
+    assert SECRET not in result.output
+
+
+@needs_bwrap
+def test_host_files_are_not_visible(sandbox: Sandbox, canary: Path) -> None:
+    program = f"""
+        def f(x):
+            with open({str(canary)!r}) as fh:
+                return fh.read()
+        """
+    test = f"def check(candidate):\n    assert candidate(1) == {SECRET!r}\n"
+    result = run_program(sandbox, program, test)
+    assert result.score() == 0.0, result
+    assert "FileNotFoundError" in result.detail
+
+
+@needs_bwrap
+def test_cannot_write_or_delete_outside(sandbox: Sandbox, canary: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "written-by-sandbox.txt"
+    program = f"""
+        import os, shutil
+        for action in (
+            lambda: open({str(canary)!r}, "w").write("pwned"),
+            lambda: os.remove({str(canary)!r}),
+            lambda: shutil.rmtree({str(tmp_path)!r}),
+            lambda: open({str(outside)!r}, "w").write("pwned"),
+            lambda: open("/usr/grpo-sandbox-test", "w").write("pwned"),
+        ):
+            try:
+                action()
+            except OSError:
+                pass
+        def f(x):
+            return 2 * x if os.path.exists({str(outside)!r}) else -1
+        """
+    result = run_program(sandbox, program)
+    assert result.score() == 0.0, result
+    assert not outside.exists() and not Path("/usr/grpo-sandbox-test").exists()
+    assert_host_unharmed(canary)
+
+
+@needs_bwrap
+def test_no_network(sandbox: Sandbox, canary: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        program = f"""
+            import socket
+            def f(x):
+                try:
+                    socket.create_connection(("127.0.0.1", {port}), timeout=1).sendall(b"hello")
+                    return 2 * x
+                except OSError:
+                    return -1
+            """
+        result = run_program(sandbox, program)
+        readable, _, _ = select.select([listener], [], [], 0.3)
+        assert readable == [], "a connection from the sandbox reached the loopback listener"
+    assert result.score() == 0.0, result
+    assert_host_unharmed(canary)
+
+
+def test_cannot_kill_this_process(sandbox: Sandbox, canary: Path) -> None:
+    program = f"""
+        import os, signal
+        def f(x):
+            for pid in ({os.getpid()}, -{os.getpgrp()}):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            return -1
+        """
+    result = run_program(sandbox, program)
+    assert result.score() == 0.0
+    assert_host_unharmed(canary)
+
+
+def test_runs_in_parallel_and_from_threads(sandbox: Sandbox) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    program = "def f(x):\n    return 2 * x\n"
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        results = list(pool.map(lambda _: run_program(sandbox, program), range(6)))
+    assert [r.score() for r in results] == [1.0] * 6
+
+
+def test_broken_tests_are_infrastructure_errors(sandbox: Sandbox) -> None:
+    job = humaneval_job(PROMPT, "    return 2 * x\n", "def check(candidate):\n    assert undefined_helper(candidate)\n", "f")
+    # the check raises NameError inside its assert unit: a failed test, not an infrastructure error
+    assert sandbox.run([job])[0].score() == 0.0
+    broken = CodeJob(program="def f(x): return 2 * x", spec=dict(job.spec, test="this is not python"))
+    result = sandbox.run([broken])[0]
+    assert result.infra_error and result.score() is None
+
+
+def test_sandbox_that_cannot_start_scores_none() -> None:
+    broken = Sandbox(SandboxConfig(isolation="none", python="/nonexistent/bin/python3", timeout_s=1))
+    job = humaneval_job(PROMPT, "    return 2 * x\n", TEST, "f")
+    result = broken.run([job])[0]
+    assert result.score() is None and result.status == "infra_error"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [None, True, 0, -(10**50), 1.5, float("inf"), -0.0, "é\n;:", b"\x00\xff", 1 + 2j, [1, (2, 3)], {1: "a", "b": [None]},
+     {1, 2}, frozenset({"x"}), range(1, 10, 3), ((),), {(1, 2): {3: 4.25}}],
+)
+def test_wire_format_round_trips_builtin_values(value: object) -> None:
+    decoded = decode(encode(value))
+    assert decoded == value and type(decoded) is type(value)
+
+
+def test_wire_format_makes_other_objects_opaque() -> None:
+    class Sneaky:
+        def __eq__(self, other: object) -> bool:
+            return True
+
+    decoded = decode(encode([Sneaky()]))
+    assert isinstance(decoded[0], Opaque) and decoded[0] != 4
+    assert list(decode(encode(iter([1, 2])))) == [1, 2]
+
+
+@pytest.mark.parametrize("name", ["sys_exit_in_call", "eq_always_true", "sleep_past_timeout", "tamper_caller_frame"])
+def test_rlimits_only_fallback_still_scores_hostile_programs_zero(name: str) -> None:
+    fallback = Sandbox(SandboxConfig(isolation="none", timeout_s=TIMEOUT_S))
+    assert not fallback.isolated
+    assert run_program(fallback, "def f(x):\n    return 2 * x\n").score() == 1.0
+    assert run_program(fallback, HOSTILE[name]).score() == 0.0
