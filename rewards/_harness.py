@@ -406,33 +406,51 @@ def _now():
     return time.monotonic()
 
 
-def _drop_privileges(config):
-    import resource
+def _prctl_not_dumpable():
+    """Make this process non-dumpable: no ptrace, and its /proc memory, fds and environ belong to root."""
+    import ctypes
 
-    for name, value in config["rlimits"].items():
-        resource.setrlimit(getattr(resource, name), (value, value))
+    PR_SET_DUMPABLE = 4
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError("prctl(PR_SET_DUMPABLE) failed")
+
+
+def _become_sandbox_user(config):
+    """Drop to the slot's unprivileged uid (when the server runs as root) and stay non-dumpable."""
     uid = config.get("uid")
     if uid is not None and os.getuid() == 0:
-        # A real unprivileged uid: RLIMIT_NPROC counts (it is ignored for root), and the kernel makes this process
-        # non-dumpable, so the program (forked below) cannot read its memory or its fds through /proc.
+        # A real unprivileged uid: RLIMIT_NPROC counts (it is ignored for root), and no capability survives.
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
-    else:
-        import ctypes
-
-        PR_SET_DUMPABLE = 4
-        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
-            raise OSError("prctl(PR_SET_DUMPABLE) failed")
+    _prctl_not_dumpable()  # inherited over fork, and setuid may reset it (fs.suid_dumpable): set it again
 
 
-def main():
-    config = decode(sys.argv[1])
-    spec_fd, verdict_fd = config["spec_fd"], config["verdict_fd"]
+def _close_fds_except(keep):
+    low = 0
+    for fd in sorted(keep) + [1 << 20]:
+        if low < fd:  # os.closerange(n, n) closes every fd on some Pythons (close_range with last = -1)
+            os.closerange(low, fd)
+        low = fd + 1
+
+
+def run_program(config, spec_fd, verdict_fd, out_fd):
+    """One program, in a child of the server: rlimits, uid, fork the program, run the tests, write the verdict."""
+    import resource
+    import signal
+
     start = _now()
-    if hasattr(sys, "set_int_max_str_digits"):
-        sys.set_int_max_str_digits(0)
-    _drop_privileges(config)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the server ignores it; programs get Python's default
+    # stdio becomes this run's output pipe, and every other fd of the server (its control socket) is closed; the
+    # received fds are above 2, as the server's own stdio is open
+    devnull = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(out_fd, 1)
+    os.dup2(out_fd, 2)
+    _close_fds_except({0, 1, 2, spec_fd, verdict_fd})
+    for name, value in config["rlimits"].items():
+        resource.setrlimit(getattr(resource, name), (value, value))
+    _become_sandbox_user(config)
     write_message(verdict_fd, b"started")
     program = from_bytes(read_message(spec_fd))
     req_r, req_w = os.pipe()
@@ -447,7 +465,7 @@ def main():
             os._exit(0)
     os.close(req_r)
     os.close(resp_w)
-    spec = receive(spec_fd)
+    spec = receive(spec_fd)  # the tests and the nonce arrive only now, after the program's process was forked
     os.close(spec_fd)
     channel = Channel(pid, req_w, resp_r, start + float(spec["timeout"]))
     try:
@@ -458,7 +476,121 @@ def main():
     body = to_bytes(encode(payload))
     write_message(verdict_fd, body)
     write_message(verdict_fd, mac(bytes.fromhex(spec["nonce"]), body).encode())
-    os._exit(0)
+
+
+# ---------------------------------------------------------------- the fork server
+def serve(config):
+    """The long-lived server: pid 1 of the sandbox's pid namespace, Python and these modules already loaded.
+
+    Control socket (SOCK_SEQPACKET) from the host: b"R" + three fds (spec, verdict, output) runs one program in a
+    fresh child; b"C" kills every process but this one, wipes /work and /tmp, and answers b"K" (clean) or b"D"
+    (something is left: the host restarts the sandbox). The server never reads a program, a test or a nonce.
+    """
+    import signal
+    import socket
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(0)
+    _prctl_not_dumpable()
+    import resource  # noqa: F401  (loaded once here, not per program)
+
+    ctl = socket.socket(fileno=config["control_fd"])
+    ctl.sendall(b"U")
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(ctl, 16, 3)
+        except OSError:
+            os._exit(1)
+        if not msg:  # the host closed the socket
+            os._exit(0)
+        if msg == b"R" and len(fds) == 3:
+            if os.fork() == 0:
+                code = 0
+                try:
+                    run_program(config, *fds)
+                except BaseException:  # on the run's output pipe once run_program redirected it, else the log
+                    import traceback
+
+                    traceback.print_exc()
+                    sys.stderr.flush()
+                    code = 1
+                finally:
+                    os._exit(code)
+        elif msg == b"C":
+            ctl.sendall(b"K" if _clean(config) else b"D")
+        for fd in fds:
+            os.close(fd)
+
+
+def _in_child_as_sandbox_user(config, fn):
+    """Run fn() in a child with the slot's uid; True when it returned normally."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            _become_sandbox_user(config)
+            fn()
+            code = 0
+        finally:
+            os._exit(code)
+    while True:
+        try:
+            return os.waitpid(pid, 0)[1] == 0
+        except InterruptedError:
+            continue
+
+
+def _kill_all():
+    try:
+        os.kill(-1, 9)  # every process this uid may signal in this pid namespace, except this one and pid 1
+    except ProcessLookupError:
+        pass
+
+
+def _reap_all(deadline):
+    """Wait until this server (pid 1) has no child left, i.e. no other process exists in the namespace."""
+    import time
+
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return True
+        if pid == 0:
+            if _now() > deadline:
+                return False
+            time.sleep(0.0005)
+
+
+def _wipe(path):
+    for entry in os.scandir(path):
+        if entry.is_dir(follow_symlinks=False):
+            os.chmod(entry.path, 0o700)
+            _wipe(entry.path)
+            os.rmdir(entry.path)
+        else:
+            os.unlink(entry.path)
+
+
+def _wipe_all():
+    for path in ("/work", "/tmp"):
+        _wipe(path)
+    for kind in ("shm", "sem", "msg"):  # System V IPC objects outlive processes: any left means a restart
+        with open("/proc/sysvipc/" + kind) as f:
+            if len(f.read().strip().splitlines()) > 1:
+                raise OSError("System V %s objects left" % kind)
+
+
+def _clean(config):
+    """Kill everything the last program left, reap it, and wipe its files; False when that did not work."""
+    deadline = _now() + 2.0
+    killed = _in_child_as_sandbox_user(config, _kill_all)
+    return killed and _reap_all(deadline) and _in_child_as_sandbox_user(config, _wipe_all) and _reap_all(deadline)
+
+
+def main():
+    serve(decode(sys.argv[1]))
 
 
 if __name__ == "__main__":

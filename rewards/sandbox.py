@@ -29,13 +29,16 @@ import math
 import os
 import queue
 import secrets
+import select
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -51,6 +54,9 @@ HARNESS_SOURCE = (Path(__file__).with_name("_harness.py")).read_text()
 _BASE_UID = 61000  # slot uids are 61000 + slot; no passwd entry is needed
 _SANDBOX_UID = 65534  # the uid seen inside a user namespace (non-root hosts)
 _GRACE_S = 0.5  # the host kills this long after the harness's own deadline
+_OUTPUT_GRACE_S = 0.25  # how long the output pipe may stay open after the verdict
+_START_TIMEOUT_S = 20.0  # for a worker's sandbox to start and load the harness
+_CLEAN_TIMEOUT_S = 5.0  # for a worker to kill and wipe what a program left
 
 
 @dataclass(frozen=True)
@@ -124,7 +130,7 @@ def bwrap_status(python: str | None = None) -> tuple[bool, str]:
     if exe is None:
         return False, "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
     probe = Sandbox(SandboxConfig(isolation="bwrap", python=python), _probe=True)
-    argv = probe._argv(slot=0, config_text="N")
+    argv = probe._argv(config_text="N")
     argv[argv.index("-c") + 1] = "pass"
     argv = argv[: argv.index("-c") + 2]
     try:
@@ -156,6 +162,8 @@ class Sandbox:
         for slot in range(self.workers):
             self._slots.put(slot)
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="sandbox")
+        self._workers: list[_Worker | None] = [None] * self.workers  # started on first use, restarted when broken
+        weakref.finalize(self, _stop_all, self._workers)
         if _probe:
             self.isolated = True
             return
@@ -174,6 +182,9 @@ class Sandbox:
                 "network. Install bubblewrap (apt-get install bubblewrap) before running untrusted code.", why
             )
 
+    def _stop_workers(self) -> None:
+        _stop_all(self._workers)
+
     # ------------------------------------------------------------ command line
     def _limits(self) -> dict[str, int]:
         c = self.config
@@ -184,14 +195,17 @@ class Sandbox:
             "RLIMIT_FSIZE": c.file_size_mb << 20,
             "RLIMIT_NPROC": c.max_processes,
             "RLIMIT_CORE": 0,
+            "RLIMIT_MSGQUEUE": 0,  # POSIX message queues outlive processes; none are allowed
         }
 
-    def _argv(self, slot: int, config_text: str) -> list[str]:
+    def _argv(self, config_text: str) -> list[str]:
         harness = [self.python, "-I", "-S", "-c", HARNESS_SOURCE, config_text]
         if not self.isolated:
             return harness
         tmpfs_bytes = str(self.config.file_size_mb << 20)
-        argv = ["bwrap", "--die-with-parent", "--new-session", "--clearenv"]
+        # --as-pid-1: the harness's server is the namespace's init, which no process inside can SIGKILL or SIGSTOP,
+        # and every process a program leaves behind is re-parented to it (so it can tell when all are gone)
+        argv = ["bwrap", "--die-with-parent", "--new-session", "--clearenv", "--as-pid-1"]
         if self.is_root:  # no user namespace: the harness drops to a real unprivileged uid (see module docstring)
             argv += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
                      "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
@@ -223,7 +237,9 @@ class Sandbox:
         return list(self._pool.map(self._run_with_slot, jobs))
 
     def close(self) -> None:
+        """Wait for running jobs, then stop every worker's sandbox."""
         self._pool.shutdown(wait=True)
+        self._stop_workers()
 
     def _run_with_slot(self, job: CodeJob) -> RunResult:
         slot = self._slots.get()
@@ -231,69 +247,105 @@ class Sandbox:
             return self.run_one(job, slot)
         except Exception as e:  # a bug or an OS error on our side: never a silent 0
             logger.exception("sandbox infrastructure error")
+            self._workers[slot] = _stop(self._workers[slot])
             return RunResult(status="infra_error", detail=f"{type(e).__name__}: {e}")
         finally:
             self._slots.put(slot)
 
+    def _start_worker(self, slot: int) -> _Worker:
+        """Start the fork server of slot `slot` and wait until it has loaded (its uid is 61000 + slot)."""
+        host_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        config: dict[str, Any] = {"control_fd": server_end.fileno(), "rlimits": self._limits()}
+        uid = _BASE_UID + slot
+        if self.is_root and (self.isolated or _path_is_world_traversable(self.python)):
+            config["uid"] = uid
+        workdir = None
+        if not self.isolated:
+            workdir = tempfile.mkdtemp(prefix="grpo-sandbox-")
+            if "uid" in config:
+                os.chown(workdir, uid, uid)
+        log = tempfile.TemporaryFile(prefix="grpo-sandbox-log-")
+        try:
+            proc = subprocess.Popen(
+                self._argv(_harness.encode(config)),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                pass_fds=(server_end.fileno(),),
+                cwd=workdir,
+                env={},
+                start_new_session=True,  # its own process group, killed as a whole
+            )
+        except BaseException:
+            host_end.close()
+            log.close()
+            if workdir:
+                shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        finally:
+            server_end.close()
+        worker = _Worker(proc, host_end, log, workdir)
+        ready, _, _ = select.select([host_end], [], [], _START_TIMEOUT_S)
+        if not ready or host_end.recv(16) != b"U":
+            _stop(worker)
+            raise _StartError(worker.log_tail())
+        return worker
+
     def run_one(self, job: CodeJob, slot: int = 0) -> RunResult:
-        """Run one job in slot `slot` (slots select the unprivileged uid, so that process counts stay apart)."""
+        """Run one job on slot `slot`'s worker (one caller per slot at a time; `run` hands out the slots)."""
         c = self.config
         start = time.monotonic()
+        worker = self._workers[slot]
+        if worker is None or worker.proc.poll() is not None:
+            _stop(worker)
+            try:
+                worker = self._workers[slot] = self._start_worker(slot)
+            except _StartError as e:
+                self._workers[slot] = None
+                logger.error("sandbox did not start: %s", e)
+                return RunResult(status="infra_error", detail="sandbox did not start", output=str(e),
+                                 seconds=time.monotonic() - start)
         nonce = secrets.token_bytes(32)
         spec = dict(job.spec, nonce=nonce.hex(), timeout=c.timeout_s)
         spec_r, spec_w = os.pipe()
         verdict_r, verdict_w = os.pipe()
         out_r, out_w = os.pipe()
-        config = {"spec_fd": spec_r, "verdict_fd": verdict_w, "rlimits": self._limits()}
-        workdir = None
-        uid = _BASE_UID + slot
-        if self.is_root and (self.isolated or _path_is_world_traversable(self.python)):
-            config["uid"] = uid
-        if not self.isolated:
-            workdir = tempfile.mkdtemp(prefix="grpo-sandbox-")
-            if "uid" in config:
-                os.chown(workdir, uid, uid)
         try:
-            proc = subprocess.Popen(
-                self._argv(slot, _harness.encode(config)),
-                stdin=subprocess.DEVNULL,
-                stdout=out_w,
-                stderr=out_w,
-                pass_fds=(spec_r, verdict_w),
-                cwd=workdir,
-                env={},
-                start_new_session=True,  # its own process group, killed as a whole
-            )
+            # the three fds go straight to the server, which hands them to a fresh child for this program only
+            socket.send_fds(worker.control, [b"R"], [spec_r, verdict_w, out_w])
         finally:
             for fd in (spec_r, verdict_w, out_w):
                 os.close(fd)
         try:
-            return self._supervise(proc, job, spec, nonce, spec_w, verdict_r, out_r, start)
+            result, server_died = self._supervise(worker, job, spec, nonce, spec_w, verdict_r, out_r, start)
         finally:
             for fd in (spec_w, verdict_r, out_r):
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-            if workdir:
-                shutil.rmtree(workdir, ignore_errors=True)
+                os.close(fd)
+        # Reuse the worker only when it killed everything the program left and wiped its files.
+        if server_died or not self.isolated or not worker.clean():
+            if self.isolated and not server_died:
+                logger.warning("sandbox worker %d could not clean up after a program; restarting it", slot)
+            self._workers[slot] = _stop(worker)
+        return result
 
-    def _supervise(self, proc, job, spec, nonce, spec_w, verdict_r, out_r, start) -> RunResult:
+    def _supervise(self, worker, job, spec, nonce, spec_w, verdict_r, out_r, start) -> tuple[RunResult, bool]:
         c = self.config
         pending = _frame(_harness.to_bytes(job.program)) + _frame(_harness.to_bytes(_harness.encode(spec)))
         os.set_blocking(spec_w, False)
         verdict, output = bytearray(), bytearray()
-        output_bytes, killed = 0, None
+        output_bytes, killed, server_died, verdict_done = 0, None, False, False
         deadline = start + c.timeout_s + _GRACE_S
         with selectors.DefaultSelector() as sel:
             sel.register(spec_w, selectors.EVENT_WRITE, "spec")
             sel.register(verdict_r, selectors.EVENT_READ, "verdict")
             sel.register(out_r, selectors.EVENT_READ, "out")
+            sel.register(worker.control, selectors.EVENT_READ, "server")
             readers = 2
             while readers:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    killed = "timeout"
+                    # after the verdict, only a process the program left behind can hold the output pipe open
+                    killed = None if verdict_done else "timeout"
                     break
                 for key, _ in sel.select(timeout=left):
                     if key.data == "spec":
@@ -304,10 +356,17 @@ class Sandbox:
                         if not pending:
                             sel.unregister(spec_w)
                         continue
+                    if key.data == "server":  # the server only speaks when asked: this is its socket closing
+                        server_died = True
+                        sel.unregister(worker.control)
+                        continue
                     chunk = os.read(key.fd, 1 << 16)
                     if not chunk:
                         sel.unregister(key.fd)
                         readers -= 1
+                        if key.data == "verdict":
+                            verdict_done = True
+                            deadline = min(deadline, time.monotonic() + _OUTPUT_GRACE_S)
                     elif key.data == "verdict":
                         verdict += chunk
                     else:
@@ -318,7 +377,6 @@ class Sandbox:
                             killed = "output_limit"
                             readers = 0
                             break
-        _kill_group(proc)
         seconds = time.monotonic() - start
         text = output.decode(errors="replace")
         result = _parse_verdict(bytes(verdict), nonce)
@@ -326,27 +384,71 @@ class Sandbox:
             result.output, result.seconds = text, seconds
             if killed == "output_limit":  # a verdict was written, but the program flooded its output
                 result.status = "output_limit"
-            return result
+            return result, server_died
+        if server_died:  # not the program's doing: it cannot signal or trace the server (pid 1, another uid)
+            logger.error("sandbox server died during a program: %s", worker.log_tail())
+            return RunResult(status="infra_error", detail="the sandbox server died", output=text,
+                             seconds=seconds), True
         if killed:
-            return RunResult(status=killed, detail=f"killed: {killed}", output=text, seconds=seconds)
+            return RunResult(status=killed, detail=f"killed: {killed}", output=text, seconds=seconds), False
         if not verdict.startswith(_frame(b"started")):
-            logger.error("sandbox did not start (exit code %s): %s", proc.returncode, text.strip()[-2000:])
+            logger.error("sandbox did not start a program: %s", text.strip()[-2000:])
             return RunResult(status="infra_error", detail="sandbox did not start", output=text,
-                             seconds=seconds)
+                             seconds=seconds), False
         return RunResult(status="no_verdict", detail="the harness died before writing a verdict",
-                         output=text, seconds=seconds)
+                         output=text, seconds=seconds), False
+
+
+class _StartError(RuntimeError):
+    pass
+
+
+class _Worker:
+    """One long-lived sandbox: bwrap running the harness's fork server as pid 1 of its pid namespace."""
+
+    def __init__(self, proc: subprocess.Popen, control: socket.socket, log: Any, workdir: str | None) -> None:
+        self.proc, self.control, self.log, self.workdir = proc, control, log, workdir
+
+    def clean(self) -> bool:
+        """Ask the server to kill what the last program left and wipe its files; False if it did not."""
+        try:
+            self.control.sendall(b"C")
+            ready, _, _ = select.select([self.control], [], [], _CLEAN_TIMEOUT_S)
+            return bool(ready) and self.control.recv(16) == b"K"
+        except OSError:
+            return False
+
+    def log_tail(self) -> str:
+        try:
+            self.log.seek(0)
+            return self.log.read()[-2000:].decode(errors="replace").strip()
+        except (OSError, ValueError):
+            return ""
+
+
+def _stop(worker: _Worker | None) -> None:
+    """Kill a worker's sandbox (its process group; bwrap's --die-with-parent takes the namespace with it)."""
+    if worker is None:
+        return None
+    try:
+        os.killpg(worker.proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    worker.proc.wait()
+    worker.control.close()
+    worker.log.close()
+    if worker.workdir:
+        shutil.rmtree(worker.workdir, ignore_errors=True)
+    return None
+
+
+def _stop_all(workers: list[_Worker | None]) -> None:
+    for i, worker in enumerate(workers):
+        workers[i] = _stop(worker)
 
 
 def _frame(data: bytes) -> bytes:
     return len(data).to_bytes(4, "big") + data
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
 
 
 def _parse_verdict(data: bytes, nonce: bytes) -> RunResult | None:
