@@ -255,7 +255,9 @@ class Sandbox:
     def _start_worker(self, slot: int) -> _Worker:
         """Start the fork server of slot `slot` and wait until it has loaded (its uid is 61000 + slot)."""
         host_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        config: dict[str, Any] = {"control_fd": server_end.fileno(), "rlimits": self._limits()}
+        # "clean": kill(-1) between programs, only where it cannot reach beyond this worker's pid namespace
+        config: dict[str, Any] = {"control_fd": server_end.fileno(), "rlimits": self._limits(),
+                                  "clean": self.isolated}
         uid = _BASE_UID + slot
         if self.is_root and (self.isolated or _path_is_world_traversable(self.python)):
             config["uid"] = uid
