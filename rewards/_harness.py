@@ -540,15 +540,15 @@ def serve(config):
         if msg == b"R" and len(fds) == 3:
             runner = os.fork()
             if runner == 0:
-                code = 0
+                code = 1  # 0 only when run_program returned: the server's clean-up trusts it
                 try:
                     run_program(config, *fds)
+                    code = 0
                 except BaseException:  # on the run's output pipe once run_program redirected it, else the log
                     import traceback
 
                     traceback.print_exc()
                     sys.stderr.flush()
-                    code = 1
                 finally:
                     os._exit(code)
         elif msg == b"C" and config.get("clean"):

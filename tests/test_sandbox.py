@@ -172,6 +172,13 @@ HOSTILE = {
     "kill_parent": "import os\ndef f(x):\n    os.kill(os.getppid(), 9)\n    return 2 * x\n",
     "kill_process_group": "import os\ndef f(x):\n    os.killpg(0, 9)\n    return 2 * x\n",
     "kill_everything": "import os\ndef f(x):\n    os.kill(-1, 9)\n    return 2 * x\n",
+    "interrupt_test_runner": """
+        import os, signal, time
+        def f(x):
+            os.kill(os.getppid(), signal.SIGINT)  # KeyboardInterrupt there would be a broken test: None
+            time.sleep(0.05)
+            return 0
+        """,
 }
 
 
@@ -352,3 +359,127 @@ def test_rlimits_only_fallback_still_scores_hostile_programs_zero(name: str) -> 
     assert not fallback.isolated
     assert run_program(fallback, "def f(x):\n    return 2 * x\n").score() == 1.0
     assert run_program(fallback, HOSTILE[name]).score() == 0.0
+
+
+# ---------------------------------------------------------------- the long-lived worker sandboxes
+ATTACK_SERVER = """
+    import ctypes, os, signal
+    libc = ctypes.CDLL(None, use_errno=True)
+    for pid in (1, os.getppid()):  # the fork server (pid 1) and the process that runs the tests
+        libc.ptrace(16, pid, 0, 0)  # PTRACE_ATTACH
+        for sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGTERM, signal.SIGINT):
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        for path in ("mem", "environ", "fd/0"):
+            try:
+                open("/proc/%d/%s" % (pid, path), "rb").read(1)
+            except OSError:
+                pass
+    def f(x):
+        return 0
+    """
+
+LEAVE_DAEMON = """
+    import os, time
+    open("/tmp/left-behind", "w").write("x")
+    open("left-behind", "w").write("x")
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:  # a daemon: wait for the next program, then kill it and everything else
+            time.sleep(0.3)
+            while True:
+                try:
+                    os.kill(-1, 9)
+                except OSError:
+                    pass
+                open("/tmp/daemon-alive", "w").write("x")
+                time.sleep(0.001)
+        os._exit(0)
+    def f(x):
+        return 0
+    """
+
+CLEAN_SLATE = """
+    import os, time
+    time.sleep(0.5)  # a daemon of the previous program would have struck by now
+    def f(x):
+        others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())]
+        return 2 * x if not os.listdir("/tmp") and not os.listdir(".") and not others else -1
+    """
+
+
+@pytest.fixture
+def one_worker() -> Sandbox:
+    sandbox = Sandbox(SandboxConfig(timeout_s=TIMEOUT_S, memory_mb=512, workers=1))
+    yield sandbox
+    sandbox.close()
+
+
+def server_pid(sandbox: Sandbox) -> int:
+    worker = sandbox._workers[0]
+    assert worker is not None
+    return worker.proc.pid
+
+
+@needs_bwrap
+def test_program_cannot_kill_or_trace_the_fork_server(one_worker: Sandbox, canary: Path) -> None:
+    assert run_program(one_worker, "def f(x):\n    return 2 * x\n").score() == 1.0
+    before = server_pid(one_worker)
+    result = run_program(one_worker, ATTACK_SERVER)
+    assert result.score() == 0.0 and not result.infra_error, result
+    assert run_program(one_worker, "def f(x):\n    return 2 * x\n").score() == 1.0
+    assert server_pid(one_worker) == before, "the attack broke the worker's sandbox (it was restarted)"
+    assert_host_unharmed(canary)
+
+
+@needs_bwrap
+def test_leftovers_of_a_program_never_reach_the_next(one_worker: Sandbox) -> None:
+    assert run_program(one_worker, LEAVE_DAEMON).score() == 0.0
+    result = run_program(one_worker, CLEAN_SLATE)
+    assert result.score() == 1.0, result
+
+
+@needs_bwrap
+def test_crashed_server_gives_none_then_restarts(one_worker: Sandbox) -> None:
+    import signal
+    import threading
+
+    assert run_program(one_worker, "def f(x):\n    return 2 * x\n").score() == 1.0
+    victim = server_pid(one_worker)
+    threading.Timer(0.3, os.killpg, (victim, signal.SIGKILL)).start()
+    result = run_program(one_worker, "import time\ndef f(x):\n    time.sleep(1)\n    return 2 * x\n")
+    assert result.infra_error and result.score() is None, result
+    assert run_program(one_worker, "def f(x):\n    return 2 * x\n").score() == 1.0
+    assert server_pid(one_worker) != victim
+
+
+@needs_bwrap
+def test_files_a_program_locked_are_wiped(one_worker: Sandbox) -> None:
+    program = """
+        import os
+        os.mkdir("locked")
+        open("locked/file", "w").write("x")
+        os.chmod("locked", 0o500)
+        def f(x):
+            return 2 * x
+        """
+    assert run_program(one_worker, program).score() == 1.0
+    assert run_program(one_worker, CLEAN_SLATE).score() == 1.0
+
+
+@needs_bwrap
+def test_worker_that_cannot_clean_up_is_restarted(one_worker: Sandbox) -> None:
+    program = """
+        import ctypes
+        ctypes.CDLL(None).shmget(0, 4096, 0o1600)  # IPC_PRIVATE, IPC_CREAT: a segment outlives its creator
+        def f(x):
+            return 2 * x
+        """
+    assert run_program(one_worker, "def f(x):\n    return 2 * x\n").score() == 1.0
+    before = server_pid(one_worker)
+    assert run_program(one_worker, program).score() == 1.0
+    clean = CLEAN_SLATE.replace("not others", "not others and open('/proc/sysvipc/shm').read().count(chr(10)) == 1")
+    assert run_program(one_worker, clean).score() == 1.0
+    assert server_pid(one_worker) != before
