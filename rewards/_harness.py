@@ -1,15 +1,18 @@
 """The sandbox harness: the first (and only trusted) code that runs inside a sandbox. Standard library only.
 
-The host starts `python -I -S -c <this file> <config>` with two pipes:
+The host starts `python -I -S -c <this file> <config>` once per worker; it runs `serve`, a fork server that gets,
+for each program, three fds over its control socket (SCM_RIGHTS):
   - spec fd (read): message 1 is the program, message 2 the tests and a nonce;
-  - verdict fd (write): a "started" marker, then the result and its MAC (blake2b keyed with the nonce).
+  - verdict fd (write): a "started" marker, then the result and its MAC (blake2b keyed with the nonce);
+  - output fd: the program's stdout and stderr.
 
-The harness lowers its rlimits, drops to an unprivileged uid (or, without one, makes itself non-dumpable), reads the
-program, forks, and only then reads the tests. The child runs the program and answers calls over its own pair of
-pipes; the harness runs the tests in *its* process and calls the program through a proxy that returns freshly
-decoded builtin values. So the program never holds the tests, the expected values, the nonce or the verdict fd,
-and nothing it does to its own process (sys.exit, atexit, SkipTest, an `__eq__` that is always True, a redefined
-`check`, a tampered frame) can change the count of passed tests, which only this process keeps.
+For each program the server forks a child (`run_program`), which closes every other fd, lowers its rlimits, drops
+to an unprivileged uid (or, without one, stays non-dumpable), reads the program, forks, and only then reads the
+tests. The grandchild runs the program and answers calls over its own pair of pipes; the child runs the tests in
+*its* process and calls the program through a proxy that returns freshly decoded builtin values. So the program
+never holds the tests, the expected values, the nonce or the verdict fd, and nothing it does to its own process
+(sys.exit, atexit, SkipTest, an `__eq__` that is always True, a redefined `check`, a tampered frame) can change the
+count of passed tests, which only the child keeps.
 
 Wire format: 4-byte big-endian length + a small tagged text encoding (`encode`/`decode`) that keeps builtin types
 apart (tuple vs list, sets, int keys, exact floats); anything else becomes an opaque value that equals nothing.
