@@ -163,6 +163,13 @@ class GRPOConfig(_Section):
         default="auto", description="Generate rollouts with vLLM: true, false, or 'auto' (when CUDA and vllm exist)."
     )
     log_every_steps: int = Field(default=10, ge=1, description="Logging interval (steps) for metrics.")
+    probe_problems: int = Field(
+        default=128,
+        ge=0,
+        description="Held-out problems (the first N of the eval split) whose greedy accuracy is measured during "
+        "training for the learning curve (MLflow metric probe/greedy_accuracy); 0 turns the probe off.",
+    )
+    probe_every_steps: int = Field(default=50, ge=1, description="Steps between two held-out accuracy probes.")
 
 
 class EvalConfig(_Section):

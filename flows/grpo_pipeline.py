@@ -99,7 +99,10 @@ def grpo_pipeline(config: PipelineConfig) -> Summary:
     rounds: list[tuple[EvalResult, Registration | None]] = []
     for r in range(1, cfg.grpo.rounds + 1):
         # Each round starts from the previous policy; TRL builds the reference model from it (reset per round).
-        policy = _run(records, f"grpo_train-r{r}", grpo_train, policy, data.train, cfg.grpo, cfg.model, r, **mlflow_args)
+        policy = _run(
+            records, f"grpo_train-r{r}", grpo_train, policy, data.train, cfg.grpo, cfg.model, r, **mlflow_args,
+            held_out=data.eval, correctness_reward=cfg.eval.correctness_reward,
+        )
         result = _run(records, f"evaluate-r{r}", evaluate, policy, label=f"r{r}", **eval_args)
         registration = None
         if cfg.registry.register_each_round or r == cfg.grpo.rounds:

@@ -9,6 +9,7 @@ Rewards are built from config entries `{name, weight, params}`: `name` is a regi
 from rewards.registry import REGISTRY, build_reward, build_rewards, completion_text, register
 
 # Importing the built-in modules registers their rewards.
+from rewards import arith as _arith  # noqa: E402,F401
 from rewards import code as _code  # noqa: E402,F401
 from rewards import format as _format  # noqa: E402,F401
 from rewards import judge as _judge  # noqa: E402,F401

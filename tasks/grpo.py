@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import tempfile
 
+import pandas as pd
 from trl import GRPOConfig as TRLGRPOConfig
 from trl import GRPOTrainer
 
 from configs.schema import GRPOConfig, ModelConfig, section_hash
 from rewards import build_rewards
 from tasks.common import Checkpoint, Ref, logger, stage_dir
+from tasks.curves import HeldOutAccuracyProbe
 from tasks.tracking import mlflow_run
 from tasks.training import load_split, load_tokenizer, precision_args, save_checkpoint, vllm_available
 
@@ -63,8 +65,13 @@ def grpo_train(
     experiment: str,
     recipe: str,
     seed: int,
+    held_out: Ref | None = None,
+    correctness_reward: str = "correctness",
 ) -> Checkpoint:
-    """One GRPO round from `start`; returns the policy checkpoint (with its MLflow run id)."""
+    """One GRPO round from `start`; returns the policy checkpoint (with its MLflow run id).
+
+    With `held_out`, greedy accuracy on its first `cfg.probe_problems` rows is logged during training.
+    """
     key = section_hash(
         {"grpo": cfg.model_dump(), "start": start.fingerprint, "train": train.fingerprint, "round": round_index, "seed": seed}
     )
@@ -81,8 +88,19 @@ def grpo_train(
     }
     with mlflow_run(run_dir, experiment, f"{recipe}-grpo-r{round_index}", run_tags) as run, tempfile.TemporaryDirectory() as scratch:
         args = trl_grpo_args(cfg, model_cfg, scratch, seed + round_index, weights)
+        callbacks = []
+        if held_out is not None and cfg.probe_problems:
+            rows = pd.read_parquet(held_out.require()).head(cfg.probe_problems)
+            callbacks.append(
+                HeldOutAccuracyProbe(rows, tokenizer, cfg.probe_every_steps, cfg.max_completion_tokens, correctness_reward)
+            )
         trainer = GRPOTrainer(
-            model=start.path, reward_funcs=reward_fns, args=args, train_dataset=dataset, processing_class=tokenizer
+            model=start.path,
+            reward_funcs=reward_fns,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=callbacks,
         )
         result = trainer.train()
         logger.info("GRPO round %d finished: %d steps", round_index, result.global_step)

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from configs.schema import RegistryConfig
 from tasks.common import Checkpoint, logger
+from tasks.curves import CURVE_ARTIFACT, PROBE_METRIC, learning_curve_figure, metric_history
 from tasks.evaluate import EvalResult
 from tasks.tracking import configure_mlflow
 
@@ -48,6 +49,22 @@ def _current_champion(client: MlflowClient, name: str) -> tuple[str | None, floa
     return str(version.version), float(value) if value is not None else None
 
 
+def _log_learning_curve(client: MlflowClient, policy: Checkpoint, result: EvalResult, baseline: EvalResult | None) -> None:
+    """The reward curve (sampled reward, sampled accuracy, held-out probe per step) with the SFT baseline line."""
+    history = metric_history(client, policy.run_id, ["reward", "rewards/correctness/mean", PROBE_METRIC])
+    fig = learning_curve_figure(
+        history,
+        sft_accuracy=baseline.accuracy if baseline is not None else None,
+        final_accuracy=result.accuracy,
+        title=f"{policy.stage}: held-out greedy accuracy {result.accuracy:.3f}"
+        + (f" (SFT {baseline.accuracy:.3f})" if baseline is not None else ""),
+    )
+    mlflow.log_figure(fig, CURVE_ARTIFACT)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
 def register_policy(
     policy: Checkpoint,
     result: EvalResult,
@@ -75,6 +92,7 @@ def register_policy(
         )
         mlflow.log_text(config_yaml, "config.yaml")
         mlflow.log_artifact(result.details_path, "eval")
+        _log_learning_curve(client, policy, result, baseline)
         mlflow.set_tags(tags)
         mlflow.log_artifacts(str(path), "model")
         source = f"{mlflow.get_artifact_uri('model')}"

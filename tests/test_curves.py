@@ -1,0 +1,82 @@
+"""The learning-curve plot and the held-out accuracy probe."""
+
+import pandas as pd
+
+from tasks.curves import PROBE_METRIC, greedy_accuracy, learning_curve_figure, save_learning_curve
+from rewards import build_reward
+
+
+def test_learning_curve_has_every_series_and_the_sft_baseline(tmp_path):
+    history = {
+        "reward": [(10, 0.4), (20, 0.5), (30, 0.6)],
+        "rewards/correctness/mean": [(10, 0.3), (20, 0.35), (30, 0.45)],
+        PROBE_METRIC: [(0, 0.3), (30, 0.5)],
+    }
+    fig = learning_curve_figure(history, sft_accuracy=0.31, final_accuracy=0.48)
+    labels = [line.get_label() for line in fig.axes[0].get_lines()]
+    assert any(label.startswith("mean sampled reward") for label in labels)
+    assert any(label.startswith("sampled accuracy") for label in labels)
+    assert any(label.startswith("greedy accuracy, held-out probe") for label in labels)
+    baseline = next(line for line in fig.axes[0].get_lines() if line.get_label().startswith("SFT"))
+    assert list(baseline.get_ydata()) == [0.31, 0.31]
+    path = save_learning_curve(fig, tmp_path / "curve.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_learning_curve_without_probe_or_baseline():
+    fig = learning_curve_figure({"reward": [(1, 0.1)]}, sft_accuracy=None)
+    assert [line.get_label() for line in fig.axes[0].get_lines()] == ["mean sampled reward (weighted sum)"]
+
+
+class _EchoModel:
+    """Stands in for a causal LM: `generate` appends fixed answer tokens to each prompt."""
+
+    training = True
+    device = "cpu"
+
+    def __init__(self, answers):
+        self.answers = answers
+        self.modes = []
+
+    def eval(self):
+        self.modes.append("eval")
+
+    def train(self, mode=True):
+        self.modes.append(f"train={mode}")
+
+    def generate(self, input_ids, **kwargs):
+        import torch
+
+        assert kwargs["do_sample"] is False
+        tail = torch.tensor([[ord(c) for c in a] for a in self.answers])
+        return torch.cat([input_ids, tail], dim=1)
+
+
+class _CharTokenizer:
+    padding_side = "right"
+    pad_token_id = eos_token_id = 0
+
+    def __call__(self, texts, **kwargs):
+        import torch
+
+        assert self.padding_side == "left"
+        width = max(map(len, texts))
+        ids = torch.tensor([[0] * (width - len(t)) + [ord(c) for c in t] for t in texts])
+
+        class Enc(dict):
+            def to(self, device):
+                return self
+
+        return Enc(input_ids=ids, attention_mask=(ids != 0).long())
+
+    def batch_decode(self, ids, skip_special_tokens=True):
+        return ["".join(chr(i) for i in row.tolist() if i) for row in ids]
+
+
+def test_greedy_accuracy_scores_with_the_correctness_reward_and_restores_train_mode():
+    rows = pd.DataFrame({"prompt": ["1+1=", "2+3=", "9+9="], "answer": ["2", "5", "18"]})
+    model, tokenizer = _EchoModel(["2 ", "6 ", "18"]), _CharTokenizer()
+    acc = greedy_accuracy(model, tokenizer, rows, build_reward("correctness"), max_new_tokens=2)
+    assert acc == 2 / 3
+    assert model.modes == ["eval", "train=True"]
+    assert tokenizer.padding_side == "right"
