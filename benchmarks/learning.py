@@ -1,0 +1,136 @@
+"""Does the embedded default learn? GRPO vs its SFT warmup on the held-out split, with a paired 95% CI.
+
+Runs the default recipe end to end exactly as `make run` does (`grpo-pipeline run`, a fresh run directory, so
+nothing comes from the cache), then prints:
+  - held-out greedy accuracy of the SFT checkpoint and of the last GRPO round (and pass@k),
+  - their difference in points with a paired bootstrap 95% CI over the same problems,
+  - the sampled-reward curve of each GRPO round (first and last logged steps) and the held-out probe,
+  - wall time per stage and in total (the whole command: process start, Prefect server, every stage).
+The last line is machine-readable:
+  gain_pts=<x> ci_low=<y> ci_high=<z> total_s=<t>
+
+Usage:
+  python benchmarks/learning.py                       # fresh run under runs/benchmark-learning-<time>
+  python benchmarks/learning.py --run-dir D --reuse   # analyse the run already in D (no training)
+  python benchmarks/learning.py -- grpo.steps_per_round=300   # overrides are passed to the pipeline
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from configs.schema import load_config  # noqa: E402
+from tasks.metrics import paired_bootstrap_ci  # noqa: E402
+
+RECORD = "benchmark-record.json"
+
+
+def run_pipeline(config: Path, run_dir: Path, overrides: list[str]) -> dict:
+    """`grpo-pipeline run` in a subprocess (as `make run`), timed from the outside."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    summary_path = run_dir / "summary.json"
+    env = {**os.environ, "PREFECT_HOME": str(run_dir.resolve() / ".prefect")}
+    env.pop("MLFLOW_TRACKING_URI", None)  # the run directory's own store, so the benchmark can read it back
+    cmd = [sys.executable, "-m", "grpo_pipeline.cli", "run", "--config", str(config), f"run_dir={run_dir}", *overrides,
+           "--summary-json", str(summary_path)]
+    print("$", " ".join(cmd), flush=True)
+    start = time.perf_counter()
+    subprocess.run(cmd, cwd=REPO, env=env, check=True)
+    total_s = time.perf_counter() - start
+    record = {"command": cmd, "total_s": total_s, "summary": json.loads(summary_path.read_text()),
+              "overrides": overrides, "config": str(config)}
+    (run_dir / RECORD).write_text(json.dumps(record, indent=2))
+    return record
+
+
+def details(run_dir: Path, label: str) -> dict:
+    """The per-problem details of the one evaluation called `label` in a run directory."""
+    found = sorted((run_dir / f"eval-{label}").glob("*/details.json"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise SystemExit(f"no evaluation '{label}' under {run_dir}; run the benchmark without --reuse")
+    return json.loads(found[-1].read_text())
+
+
+def curves(run_dir: Path, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    import mlflow
+
+    from tasks.curves import PROBE_METRIC
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run_dir.resolve() / 'mlflow.db'}")
+    keys = ["reward", "rewards/correctness/mean", "frac_reward_zero_std", PROBE_METRIC]
+    return {k: sorted((m.step, m.value) for m in client.get_metric_history(run_id, k)) for k in keys}
+
+
+def _mean_of(points: list[tuple[int, float]], first: bool, n: int = 3) -> float:
+    values = [v for _, v in points]
+    chunk = values[:n] if first else values[-n:]
+    return sum(chunk) / len(chunk) if chunk else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=REPO / "configs" / "tiny-arith.yaml")
+    parser.add_argument("--run-dir", type=Path, default=None, help="Run directory (default: a fresh one under runs/).")
+    parser.add_argument("--reuse", action="store_true", help="Analyse the finished run in --run-dir; do not train.")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value overrides passed to the pipeline.")
+    args = parser.parse_args()
+
+    run_dir = args.run_dir or REPO / "runs" / f"benchmark-learning-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.reuse:
+        if not (run_dir / RECORD).exists():
+            raise SystemExit(f"--reuse: {run_dir / RECORD} does not exist; run the benchmark first")
+        record = json.loads((run_dir / RECORD).read_text())
+    else:
+        record = run_pipeline(args.config, run_dir, args.overrides)
+    cfg = load_config(record["config"], [f"run_dir={run_dir}", *record["overrides"]])
+    summary = record["summary"]
+    last_round = cfg.grpo.rounds
+
+    sft, grpo = details(run_dir, "sft"), details(run_dir, f"r{last_round}")
+    if sft["prompts"] != grpo["prompts"]:
+        raise SystemExit("the SFT and GRPO evaluations are not on the same problems; cannot pair them")
+    before, after = sft["greedy_correct"], grpo["greedy_correct"]
+    diff, low, high = paired_bootstrap_ci(before, after, n_boot=10_000, seed=0)
+    n = len(before)
+
+    print()
+    print(f"recipe {cfg.name} ({args.config.name}), held-out problems n={n}, greedy decoding, "
+          f"pass@k with n={cfg.eval.n_samples} samples at T={cfg.eval.temperature}")
+    for row in summary["scores"]:
+        m = row["metrics"]
+        passk = ", ".join(f"{k.replace('_at_', '@')} {v:.3f}" for k, v in m.items() if k.startswith("pass"))
+        print(f"  {row['model']:<14} accuracy {m['accuracy']:.3f}   {passk}")
+    print(f"  GRPO round {last_round} - SFT: {100 * diff:+.1f} points, paired bootstrap 95% CI "
+          f"[{100 * low:+.1f}, {100 * high:+.1f}] (10,000 resamples); "
+          f"{sum(a > b for a, b in zip(after, before))} problems fixed, {sum(a < b for a, b in zip(after, before))} broken")
+    for reg in summary["registrations"]:
+        c = curves(run_dir, reg["run_id"])
+        rounds = reg.get("version")
+        r, acc, zero = c["reward"], c["rewards/correctness/mean"], c["frac_reward_zero_std"]
+        probe = c["probe/greedy_accuracy"]
+        print(f"  sampled reward (model v{rounds}): {_mean_of(r, True):.3f} -> {_mean_of(r, False):.3f} "
+              f"(mean of first/last 3 logs, steps {r[0][0] if r else '-'}..{r[-1][0] if r else '-'}); "
+              f"sampled accuracy {_mean_of(acc, True):.3f} -> {_mean_of(acc, False):.3f}; "
+              f"groups with zero reward std {_mean_of(zero, True):.2f} -> {_mean_of(zero, False):.2f}")
+        if probe:
+            print(f"  held-out probe ({cfg.grpo.probe_problems} problems, greedy): "
+                  + " ".join(f"{s}:{v:.2f}" for s, v in probe))
+    print("  wall time per stage:")
+    for s in summary["stages"]:
+        print(f"    {s['stage']:<16} {s['seconds']:7.1f} s{'  (cached)' if s['cached'] else ''}")
+    stages_s = sum(s["seconds"] for s in summary["stages"])
+    print(f"    {'stages total':<16} {stages_s:7.1f} s; whole command {record['total_s']:.1f} s")
+    print(f"gain_pts={100 * diff:.1f} ci_low={100 * low:.1f} ci_high={100 * high:.1f} total_s={record['total_s']:.0f}")
+
+
+if __name__ == "__main__":
+    main()
