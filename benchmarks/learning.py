@@ -114,15 +114,14 @@ def main() -> None:
           f"{sum(a > b for a, b in zip(after, before))} problems fixed, {sum(a < b for a, b in zip(after, before))} broken")
     for reg in summary["registrations"]:
         c = curves(run_dir, reg["run_id"])
-        rounds = reg.get("version")
         r, acc, zero = c["reward"], c["rewards/correctness/mean"], c["frac_reward_zero_std"]
         probe = c["probe/greedy_accuracy"]
-        print(f"  sampled reward (model v{rounds}): {_mean_of(r, True):.3f} -> {_mean_of(r, False):.3f} "
+        print(f"  sampled reward (model version {reg['version']}): {_mean_of(r, True):.3f} -> {_mean_of(r, False):.3f} "
               f"(mean of first/last 3 logs, steps {r[0][0] if r else '-'}..{r[-1][0] if r else '-'}); "
               f"sampled accuracy {_mean_of(acc, True):.3f} -> {_mean_of(acc, False):.3f}; "
               f"groups with zero reward std {_mean_of(zero, True):.2f} -> {_mean_of(zero, False):.2f}")
         if probe:
-            print(f"  held-out probe ({cfg.grpo.probe_problems} problems, greedy): "
+            print(f"  held-out probe ({min(cfg.grpo.probe_problems, n)} problems, greedy, by step): "
                   + " ".join(f"{s}:{v:.2f}" for s, v in probe))
     print("  wall time per stage:")
     for s in summary["stages"]:
