@@ -109,7 +109,7 @@ def learning_curve_figure(
     ax.set_ylabel("reward / accuracy")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     return fig
 
