@@ -86,7 +86,7 @@ def evaluate(policy: Checkpoint, held_out: Ref, cfg: EvalConfig, run_dir: str, s
     rows = pd.read_parquet(held_out.require())
     if cfg.max_problems:
         rows = rows.head(cfg.max_problems)
-    rows = rows.drop(columns=[c for c in ("completion",) if c in rows.columns])
+    rows = rows.drop(columns="completion", errors="ignore")  # the SFT target is not a reward column
     reward = build_reward(cfg.correctness_reward)
     tokenizer = load_tokenizer(policy.path)
     tokenizer.padding_side = "left"

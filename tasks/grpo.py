@@ -79,7 +79,8 @@ def grpo_train(
     reward_fns, weights = build_rewards(cfg.rewards)
     tokenizer = load_tokenizer(start.path)
     dataset = load_split(train.require())
-    dataset = dataset.remove_columns([c for c in ("completion",) if c in dataset.column_names])
+    if "completion" in dataset.column_names:  # the SFT target; TRL would pass it to rewards as a column
+        dataset = dataset.remove_columns("completion")
     run_tags = {
         "stage": "grpo",
         "round": str(round_index),

@@ -51,7 +51,6 @@ def save_checkpoint(trainer, tokenizer, out: Path, meta: dict[str, Any], **field
     with atomic_dir(out) as tmp:
         trainer.save_model(str(tmp))
         tokenizer.save_pretrained(str(tmp))
-        for junk in ("training_args.bin",):
-            (tmp / junk).unlink(missing_ok=True)
+        (tmp / "training_args.bin").unlink(missing_ok=True)  # a pickle of trainer args: not part of the model
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
     return Checkpoint(path=str(out), fingerprint=fingerprint_path(out), **fields)
