@@ -15,41 +15,27 @@ import matplotlib
 matplotlib.use("Agg")  # no display on workers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
-import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 from rewards import build_reward  # noqa: E402
+from tasks.evaluate import generate, score_completions  # noqa: E402
 
 PROBE_METRIC = "probe/greedy_accuracy"
 CURVE_ARTIFACT = "plots/learning_curve.png"
 
 
-@torch.no_grad()
 def greedy_accuracy(model, tokenizer, rows: pd.DataFrame, reward, max_new_tokens: int) -> float:
     """Fraction of `rows` whose greedy completion gets `reward` >= 1.0 (one batched generate call)."""
-    was_training = model.training
+    was_training, side = model.training, tokenizer.padding_side
     model.eval()
+    tokenizer.padding_side = "left"
     try:
-        side, tokenizer.padding_side = tokenizer.padding_side, "left"
-        enc = tokenizer(rows["prompt"].tolist(), return_tensors="pt", padding=True, add_special_tokens=False)
-        tokenizer.padding_side = side
-        enc = enc.to(model.device)
-        gen = model.generate(
-            **enc,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            temperature=None,
-            top_p=None,
-            top_k=None,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-        texts = tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        texts = generate(model, tokenizer, rows["prompt"].tolist(), max_new_tokens=max_new_tokens, batch_size=len(rows))
     finally:
         model.train(was_training)
-    columns = {c: rows[c].tolist() for c in rows.columns if c not in ("prompt", "completion")}
-    scores = reward(prompts=rows["prompt"].tolist(), completions=texts, **columns)
-    return sum(s is not None and s >= 1.0 for s in scores) / len(texts)
+        tokenizer.padding_side = side
+    correct = score_completions(reward, rows, texts)
+    return sum(ok[0] for ok in correct) / len(rows)
 
 
 class HeldOutAccuracyProbe(TrainerCallback):

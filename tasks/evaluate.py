@@ -46,20 +46,32 @@ class EvalResult(BaseModel):
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompts: list[str], cfg: EvalConfig, sample: bool, desc: str) -> list[list[str]]:
-    """Completions for each prompt: 1 greedy, or `cfg.n_samples` sampled. Batched over prompts."""
-    n = cfg.n_samples if sample else 1
-    per_batch = max(1, cfg.batch_size // n) if sample else cfg.batch_size
+def generate(
+    model,
+    tokenizer,
+    prompts: list[str],
+    *,
+    max_new_tokens: int,
+    batch_size: int,
+    n: int = 1,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    desc: str = "generate",
+) -> list[list[str]]:
+    """Completions for each prompt: greedy when `n` is 1, else `n` samples. Batched over prompts (left padding)."""
+    sample = n > 1
+    per_batch = max(1, batch_size // n)
+    starts = range(0, len(prompts), per_batch)
     out: list[list[str]] = []
-    for start in tqdm(range(0, len(prompts), per_batch), desc=desc, unit="batch", leave=False):
+    for start in tqdm(starts, desc=desc, unit="batch", leave=False, disable=len(starts) <= 1):
         batch = prompts[start : start + per_batch]
         enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
         gen = model.generate(
             **enc,
-            max_new_tokens=cfg.max_new_tokens,
+            max_new_tokens=max_new_tokens,
             do_sample=sample,
-            temperature=cfg.temperature if sample else None,
-            top_p=cfg.top_p if sample else None,
+            temperature=temperature if sample else None,
+            top_p=top_p if sample else None,
             top_k=None,
             num_return_sequences=n,
             pad_token_id=tokenizer.pad_token_id,
@@ -70,11 +82,16 @@ def generate(model, tokenizer, prompts: list[str], cfg: EvalConfig, sample: bool
     return out
 
 
-def _score(reward, rows: pd.DataFrame, completions: list[list[str]]) -> list[list[bool]]:
-    """Correct/incorrect for every completion, scoring all of them in one reward call."""
+def score_completions(reward, rows: pd.DataFrame, completions: list[list[str]]) -> list[list[bool]]:
+    """Correct (reward >= 1.0) or not for every completion of every row, in one reward call.
+
+    `rows` holds the prompts and the reward's columns; the SFT target column `completion` is not passed on.
+    """
     n = len(completions[0])
     flat = [c for group in completions for c in group]
-    columns = {col: [v for v in rows[col].tolist() for _ in range(n)] for col in rows.columns if col != "prompt"}
+    columns = {
+        col: [v for v in rows[col].tolist() for _ in range(n)] for col in rows.columns if col not in ("prompt", "completion")
+    }
     prompts = [p for p in rows["prompt"].tolist() for _ in range(n)]
     scores = reward(prompts=prompts, completions=flat, **columns)
     ok = [s is not None and s >= 1.0 for s in scores]
@@ -86,7 +103,6 @@ def evaluate(policy: Checkpoint, held_out: Ref, cfg: EvalConfig, run_dir: str, s
     rows = pd.read_parquet(held_out.require())
     if cfg.max_problems:
         rows = rows.head(cfg.max_problems)
-    rows = rows.drop(columns="completion", errors="ignore")  # the SFT target is not a reward column
     reward = build_reward(cfg.correctness_reward)
     tokenizer = load_tokenizer(policy.path)
     tokenizer.padding_side = "left"
@@ -95,10 +111,16 @@ def evaluate(policy: Checkpoint, held_out: Ref, cfg: EvalConfig, run_dir: str, s
     prompts = rows["prompt"].tolist()
 
     torch.manual_seed(seed)
-    greedy = generate(model, tokenizer, prompts, cfg, sample=False, desc=f"eval {label} greedy")
-    sampled = generate(model, tokenizer, prompts, cfg, sample=True, desc=f"eval {label} pass@k")
-    greedy_ok = [g[0] for g in _score(reward, rows, greedy)]
-    counts = [sum(s) for s in _score(reward, rows, sampled)]
+    greedy = generate(
+        model, tokenizer, prompts, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
+        desc=f"eval {label} greedy",
+    )
+    sampled = generate(
+        model, tokenizer, prompts, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, n=cfg.n_samples,
+        temperature=cfg.temperature, top_p=cfg.top_p, desc=f"eval {label} pass@k",
+    )
+    greedy_ok = [g[0] for g in score_completions(reward, rows, greedy)]
+    counts = [sum(s) for s in score_completions(reward, rows, sampled)]
 
     result_key = section_hash({"eval": cfg.model_dump(), "policy": policy.fingerprint, "data": held_out.fingerprint, "seed": seed})
     out = stage_dir(run_dir, f"eval-{label}", result_key)
