@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from configs.schema import load_config  # noqa: E402
+from tasks.data import needs_carry  # noqa: E402
 from tasks.metrics import paired_bootstrap_ci  # noqa: E402
 
 RECORD = "benchmark-record.json"
@@ -112,6 +113,13 @@ def main() -> None:
     print(f"  GRPO round {last_round} - SFT: {100 * diff:+.1f} points, paired bootstrap 95% CI "
           f"[{100 * low:+.1f}, {100 * high:+.1f}] (10,000 resamples); "
           f"{sum(a > b for a, b in zip(after, before))} problems fixed, {sum(a < b for a, b in zip(after, before))} broken")
+    carry = [needs_carry(p) for p in sft["prompts"]]
+    if None not in carry:  # the synthetic addition task: where did the gain come from?
+        for label, keep in (("needing a carry", True), ("without a carry", False)):
+            idx = [i for i, c in enumerate(carry) if c == keep]
+            if idx:
+                print(f"  problems {label} (n={len(idx)}): SFT {sum(before[i] for i in idx) / len(idx):.3f} -> "
+                      f"GRPO {sum(after[i] for i in idx) / len(idx):.3f}")
     for reg in summary["registrations"]:
         c = curves(run_dir, reg["run_id"])
         r, acc, zero = c["reward"], c["rewards/correctness/mean"], c["frac_reward_zero_std"]

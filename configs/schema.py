@@ -30,6 +30,14 @@ class SyntheticTaskConfig(_Section):
     )
     min_digits: int = Field(default=1, ge=1, le=6, description="Fewest digits per operand.")
     max_digits: int = Field(default=2, ge=1, le=6, description="Most digits per operand.")
+    teacher_carry_slip: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Imperfect SFT demonstrations: the fraction of training '+' problems that need a carry whose "
+        "SFT completion forgets it (47+38= -> 75 instead of 85). Only the SFT target changes; the answer that "
+        "rewards and evaluation check is always right. 0 = a perfect teacher.",
+    )
 
     @model_validator(mode="after")
     def _digits_ordered(self) -> SyntheticTaskConfig:
@@ -124,6 +132,7 @@ class SFTConfig(_Section):
     learning_rate: float = Field(default=1e-3, gt=0, description="Peak learning rate.")
     batch_size: int = Field(default=64, ge=1, description="Examples per optimizer step.")
     warmup_ratio: float = Field(default=0.05, ge=0, le=1, description="Fraction of steps for linear warmup.")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
 
 
 class RewardSpec(_Section):

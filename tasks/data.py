@@ -59,6 +59,32 @@ def synthetic_arithmetic(cfg: SyntheticTaskConfig, n: int, seed: int) -> pd.Data
     return pd.DataFrame({"prompt": list(seen), "answer": list(seen.values())})
 
 
+_ADDITION = re.compile(r"(\d+)\+(\d+)=")
+
+
+def needs_carry(prompt: str) -> bool | None:
+    """Whether a synthetic '+' problem carries out of the units digit; None for any other problem."""
+    m = _ADDITION.search(prompt)
+    if m is None:
+        return None
+    return int(m.group(1)) % 10 + int(m.group(2)) % 10 >= 10
+
+
+def slip_carries(train: pd.DataFrame, rate: float, seed: int) -> pd.DataFrame:
+    """An imperfect teacher's SFT targets: on a `rate` fraction of the '+' problems that need a carry, the
+    completion forgets it (the answer minus 10). `answer` stays right, so rewards and evaluation are unaffected."""
+    if rate <= 0:
+        return train
+    rng = random.Random(f"teacher-slip-{seed}")
+    slipped = [
+        str(int(answer) - 10) if needs_carry(prompt) and rng.random() < rate else completion
+        for prompt, answer, completion in zip(train["prompt"], train["answer"], train["completion"])
+    ]
+    changed = sum(new != old for new, old in zip(slipped, train["completion"]))
+    logger.info("imperfect teacher: %d of %d SFT completions forget a carry", changed, len(train))
+    return train.assign(completion=slipped)
+
+
 # ----------------------------------------------------------------------------- files and HF datasets
 
 
@@ -180,6 +206,8 @@ def prepare_data(cfg: DataConfig, run_dir: str) -> DatasetRefs:
     if len(df) < 2:
         raise DataError(f"the data source has {len(df)} row(s); need at least 2 (one to train, one to evaluate)")
     train, held_out = split_train_eval(df, cfg.num_train, cfg.num_eval, cfg.seed)
+    if cfg.source == "synthetic":
+        train = slip_carries(train, cfg.synthetic.teacher_carry_slip, cfg.seed)
     if train.empty:
         raise DataError(f"no rows are left for training after holding out {len(held_out)}; lower data.num_eval")
     out = stage_dir(run_dir, "data", section_hash(cfg))

@@ -41,6 +41,7 @@ def sft_warmup(
             learning_rate=cfg.learning_rate,
             lr_scheduler_type="cosine",
             warmup_steps=cfg.warmup_ratio,
+            weight_decay=cfg.weight_decay,
             per_device_train_batch_size=cfg.batch_size,
             logging_steps=10,
             save_strategy="no",

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from configs.schema import DataConfig, load_config
-from tasks.data import DataError, prepare_data, split_train_eval, synthetic_arithmetic
+from tasks.data import DataError, needs_carry, prepare_data, split_train_eval, synthetic_arithmetic
 from tasks.validate import DataValidationError, validate_data, validate_frames
 
 
@@ -41,6 +41,31 @@ def test_prepare_writes_disjoint_deterministic_splits(tmp_path):
     assert len(train) == 300 and len(held_out) == 50
     assert not set(train["prompt"]) & set(held_out["prompt"])
     validate_data(refs, cfg)  # the contract holds for built-in data
+
+
+def test_imperfect_teacher_forgets_carries_in_sft_targets_only(tmp_path):
+    cfg = synthetic_cfg(**{"synthetic.min_digits": 2, "synthetic.teacher_carry_slip": 0.5, "num_train": 2000})
+    refs = prepare_data(cfg, str(tmp_path / "a"))
+    train, held_out = pd.read_parquet(refs.train.path), pd.read_parquet(refs.eval.path)
+    carry = train["prompt"].map(needs_carry)
+    slipped = train["completion"] != train["answer"]
+    assert not slipped[~carry].any()  # problems without a carry keep the right target
+    assert 0.4 < slipped[carry].mean() < 0.6  # about half of those with one lose it
+    assert (train.loc[slipped, "completion"].astype(int) == train.loc[slipped, "answer"].astype(int) - 10).all()
+    assert (held_out["completion"] == held_out["answer"]).all()  # evaluation rows are untouched
+    for prompt, answer in zip(train["prompt"], train["answer"]):  # and so are the answers rewards check
+        x, y = prompt.rstrip("=").split("+")
+        assert int(x) + int(y) == int(answer)
+    again = prepare_data(cfg, str(tmp_path / "b"))
+    assert again.train.fingerprint == refs.train.fingerprint
+    perfect = prepare_data(synthetic_cfg(**{"synthetic.min_digits": 2, "num_train": 2000}), str(tmp_path / "c"))
+    assert (pd.read_parquet(perfect.train.path)["completion"] == train["answer"]).all()
+    validate_data(refs, cfg)
+
+
+def test_needs_carry():
+    assert needs_carry("47+38=") and needs_carry("Q: 5+5=") and not needs_carry("41+38=")
+    assert needs_carry("47-38=") is None
 
 
 def test_split_keeps_duplicate_prompts_on_one_side():
