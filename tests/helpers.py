@@ -18,6 +18,7 @@ def micro_overrides(run_dir: Path) -> list[str]:
         "data.num_eval=24",
         "sft.max_steps=6",
         "sft.batch_size=16",
+        "grpo.rounds=1",
         "grpo.steps_per_round=2",
         "grpo.prompts_per_step=2",
         "grpo.generations_per_prompt=4",

@@ -125,3 +125,24 @@ def test_invalid_data_stops_before_training(tmp_path):
     assert not (runs / "sft").exists() and not (runs / "base").exists() and not (runs / "mlflow.db").exists()
     # validation errors are not retried
     assert "Retry 1/" not in out
+
+
+def test_iterative_rounds_start_from_the_last_policy(tmp_path):
+    """`grpo.rounds=2` with a KL term: round 2 starts from round 1's policy, which is also its reference model."""
+    summary = tmp_path / "rounds.json"
+    args = ["run", "--config", "configs/tiny-arith.yaml", "--summary-json", str(summary),
+            *micro_overrides(tmp_path / "runs"), "registry.model_name=micro-rounds", "grpo.rounds=2", "grpo.beta=0.04"]
+    proc = run_cli(args, cli_env(tmp_path))
+    assert proc.returncode == 0, f"pipeline failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    result = json.loads(summary.read_text())
+    assert [s["stage"] for s in result["stages"]][-6:] == [
+        "grpo_train-r1", "evaluate-r1", "register-r1", "grpo_train-r2", "evaluate-r2", "register-r2",
+    ]
+    assert [r["version"] for r in result["registrations"]] == ["1", "2"]
+    client = client_for(tmp_path)
+    first, second = (client.get_run(r["run_id"]).data for r in result["registrations"])
+    runs = (tmp_path / "runs").resolve()
+    assert Path(first.tags["parent_model"]).parent == runs / "sft"
+    assert Path(second.tags["parent_model"]).parent == runs / "grpo-round1"
+    assert (first.tags["round"], second.tags["round"]) == ("1", "2")
+    assert "kl" in second.metrics  # the reference model took part in round 2
