@@ -45,6 +45,8 @@ class SyntheticTaskConfig(_Section):
             raise ValueError(
                 f"min_digits ({self.min_digits}) is larger than max_digits ({self.max_digits}); lower min_digits"
             )
+        if self.teacher_carry_slip > 0 and "+" not in self.operations:
+            raise ValueError("teacher_carry_slip only changes '+' problems; add '+' to operations or set it to 0")
         return self
 
 

@@ -49,6 +49,8 @@ def test_overrides_do_not_mutate_input():
         ("data.source=file", "set data.path"),
         ("model.tiny.num_heads=3", "divisible by num_heads"),
         ("data.synthetic.min_digits=3", "lower min_digits"),
+        ("data.synthetic.operations=['*']", "add '+' to operations"),
+        ("data.synthetic.teacher_carry_slip=1.5", "data.synthetic.teacher_carry_slip"),
     ],
 )
 def test_bad_values_name_the_field_and_fix(override, fragment):
