@@ -113,9 +113,9 @@ def main() -> None:
     print(f"  GRPO round {last_round} - SFT: {100 * diff:+.1f} points, paired bootstrap 95% CI "
           f"[{100 * low:+.1f}, {100 * high:+.1f}] (10,000 resamples); "
           f"{sum(a > b for a, b in zip(after, before))} problems fixed, {sum(a < b for a, b in zip(after, before))} broken")
+    by_round = [details(run_dir, f"r{r}")["greedy_correct"] for r in range(1, last_round)] + [after]
     for r in range(2, last_round + 1):  # does a later round keep what the earlier one gained?
-        prev, cur = details(run_dir, f"r{r - 1}")["greedy_correct"], details(run_dir, f"r{r}")["greedy_correct"]
-        d, lo, hi = paired_bootstrap_ci(prev, cur, n_boot=10_000, seed=0)
+        d, lo, hi = paired_bootstrap_ci(by_round[r - 2], by_round[r - 1], n_boot=10_000, seed=0)
         print(f"  GRPO round {r} - round {r - 1}: {100 * d:+.1f} points, 95% CI [{100 * lo:+.1f}, {100 * hi:+.1f}]")
     carry = [needs_carry(p) for p in sft["prompts"]]
     if None not in carry:  # the synthetic addition task: where did the gain come from?

@@ -13,6 +13,12 @@ def synthetic_cfg(**kw) -> DataConfig:
     return load_config(None, [f"data.{k}={v}" for k, v in {"num_train": 300, "num_eval": 50, **kw}.items()]).data
 
 
+def assert_sums_are_right(df: pd.DataFrame) -> None:
+    for prompt, answer in zip(df["prompt"], df["answer"]):
+        x, y = prompt.rstrip("=").split("+")
+        assert int(x) + int(y) == int(answer)
+
+
 def test_synthetic_task_is_deterministic_and_correct():
     cfg = synthetic_cfg()
     a = synthetic_arithmetic(cfg.synthetic, 100, seed=3)
@@ -21,9 +27,7 @@ def test_synthetic_task_is_deterministic_and_correct():
     pd.testing.assert_frame_equal(a, b)
     assert not a.equals(c)
     assert a["prompt"].is_unique
-    for prompt, answer in zip(a["prompt"], a["answer"]):
-        x, y = prompt.rstrip("=").split("+")
-        assert int(x) + int(y) == int(answer)
+    assert_sums_are_right(a)
 
 
 def test_synthetic_refuses_more_problems_than_exist():
@@ -53,9 +57,7 @@ def test_imperfect_teacher_forgets_carries_in_sft_targets_only(tmp_path):
     assert 0.4 < slipped[carry].mean() < 0.6  # about half of those with one lose it
     assert (train.loc[slipped, "completion"].astype(int) == train.loc[slipped, "answer"].astype(int) - 10).all()
     assert (held_out["completion"] == held_out["answer"]).all()  # evaluation rows are untouched
-    for prompt, answer in zip(train["prompt"], train["answer"]):  # and so are the answers rewards check
-        x, y = prompt.rstrip("=").split("+")
-        assert int(x) + int(y) == int(answer)
+    assert_sums_are_right(train)  # and so are the answers rewards check
     again = prepare_data(cfg, str(tmp_path / "b"))
     assert again.train.fingerprint == refs.train.fingerprint
     perfect = prepare_data(synthetic_cfg(**{"synthetic.min_digits": 2, "num_train": 2000}), str(tmp_path / "c"))
