@@ -28,9 +28,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from configs.schema import load_config  # noqa: E402
-from tasks.data import needs_carry  # noqa: E402
-from tasks.metrics import paired_bootstrap_ci  # noqa: E402
+from grpo_pipeline.configs.schema import load_config  # noqa: E402
+from grpo_pipeline.tasks.data import needs_carry  # noqa: E402
+from grpo_pipeline.tasks.metrics import paired_bootstrap_ci  # noqa: E402
 
 RECORD = "benchmark-record.json"
 
@@ -64,7 +64,7 @@ def details(run_dir: Path, label: str) -> dict:
 def curves(run_dir: Path, run_id: str) -> dict[str, list[tuple[int, float]]]:
     import mlflow
 
-    from tasks.curves import PROBE_METRIC
+    from grpo_pipeline.tasks.curves import PROBE_METRIC
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run_dir.resolve() / 'mlflow.db'}")
     keys = ["reward", "rewards/correctness/mean", "frac_reward_zero_std", PROBE_METRIC]

@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rewards.code import humaneval_job  # noqa: E402
-from rewards.sandbox import Sandbox, SandboxConfig  # noqa: E402
+from grpo_pipeline.rewards.code import humaneval_job  # noqa: E402
+from grpo_pipeline.rewards.sandbox import Sandbox, SandboxConfig  # noqa: E402
 
 logger = logging.getLogger("benchmarks.rewards")
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "HumanEval.jsonl.gz"

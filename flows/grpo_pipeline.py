@@ -18,19 +18,19 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 
-from configs.schema import ConfigError, PipelineConfig
-from flows.summary import StageRecord, Summary
-from rewards.registry import RewardError
-from tasks.data import DataError
-from tasks.data import prepare_data as _prepare_data
-from tasks.evaluate import EvalResult
-from tasks.evaluate import evaluate as _evaluate
-from tasks.grpo import grpo_train as _grpo_train
-from tasks.model import prepare_base_model
-from tasks.register import Registration, register_policy
-from tasks.sft import sft_warmup as _sft_warmup
-from tasks.validate import DataValidationError
-from tasks.validate import validate_data as _validate_data
+from grpo_pipeline.configs.schema import ConfigError, PipelineConfig
+from grpo_pipeline.flows.summary import StageRecord, Summary
+from grpo_pipeline.rewards.registry import RewardError
+from grpo_pipeline.tasks.data import DataError
+from grpo_pipeline.tasks.data import prepare_data as _prepare_data
+from grpo_pipeline.tasks.evaluate import EvalResult
+from grpo_pipeline.tasks.evaluate import evaluate as _evaluate
+from grpo_pipeline.tasks.grpo import grpo_train as _grpo_train
+from grpo_pipeline.tasks.model import prepare_base_model
+from grpo_pipeline.tasks.register import Registration, register_policy
+from grpo_pipeline.tasks.sft import sft_warmup as _sft_warmup
+from grpo_pipeline.tasks.validate import DataValidationError
+from grpo_pipeline.tasks.validate import validate_data as _validate_data
 
 # Bad input is not retried: a second try would fail the same way and only delay the error.
 NOT_RETRIED = (ConfigError, DataError, DataValidationError, RewardError, FileNotFoundError, ValueError, TypeError)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from configs.schema import PipelineConfig
-from tasks.evaluate import EvalResult
-from tasks.register import Registration
+from grpo_pipeline.configs.schema import PipelineConfig
+from grpo_pipeline.tasks.evaluate import EvalResult
+from grpo_pipeline.tasks.register import Registration
 
 
 class StageRecord(BaseModel):

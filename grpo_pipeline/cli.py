@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from configs.schema import ConfigError, PipelineConfig, load_config
+from grpo_pipeline.configs.schema import ConfigError, PipelineConfig, load_config
 from grpo_pipeline.rewards_cli import rewards_app
 from grpo_pipeline.runtime import configure_environment, configure_logging
 
@@ -84,7 +84,7 @@ def run(
         os.environ["PREFECT_TASKS_REFRESH_CACHE"] = "true"
     configure_logging(verbose)
     # Prefect reads its settings at import time, so the flow is imported only now.
-    from flows.grpo_pipeline import grpo_pipeline
+    from grpo_pipeline.flows.grpo_pipeline import grpo_pipeline
 
     console.print(f"[bold]grpo-pipeline[/bold] recipe [cyan]{cfg.name}[/cyan], run dir [cyan]{cfg.run_dir}[/cyan]")
     try:

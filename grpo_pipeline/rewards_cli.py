@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from configs.schema import ConfigError, load_config
+from grpo_pipeline.configs.schema import ConfigError, load_config
 from grpo_pipeline.runtime import configure_logging
 
 rewards_app = typer.Typer(help="Score completions with rewards, outside training.", no_args_is_help=True)
@@ -61,8 +61,8 @@ def score(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Score every row with every reward; print per-reward mean/std/min/max."""
-    from rewards import build_reward
-    from rewards.registry import RewardError
+    from grpo_pipeline.rewards import build_reward
+    from grpo_pipeline.rewards.registry import RewardError
 
     configure_logging(verbose)
     if (config is None) == (rewards is None):

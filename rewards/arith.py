@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from rewards.registry import RewardFn, completion_text, register
+from grpo_pipeline.rewards.registry import RewardFn, completion_text, register
 
 _INTEGER = re.compile(r"-?\d+")
 

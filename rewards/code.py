@@ -21,8 +21,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from rewards.registry import RewardFn, completion_text, register
-from rewards.sandbox import CodeJob, RunResult, SandboxConfig, default_sandbox
+from grpo_pipeline.rewards.registry import RewardFn, completion_text, register
+from grpo_pipeline.rewards.sandbox import CodeJob, RunResult, SandboxConfig, default_sandbox
 
 logger = logging.getLogger(__name__)
 

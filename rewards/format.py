@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from rewards.registry import RewardFn, completion_text, register
+from grpo_pipeline.rewards.registry import RewardFn, completion_text, register
 
 XML_PATTERN = r"^\s*<reasoning>.*?</reasoning>\s*<answer>.*?</answer>\s*$"
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 
-from rewards.code import prompt_text
-from rewards.registry import RewardFn, completion_text, register
+from grpo_pipeline.rewards.code import prompt_text
+from grpo_pipeline.rewards.registry import RewardFn, completion_text, register
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ import math
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from rewards.math import math_scores
-from rewards.registry import RewardFn, completion_text, register
+from grpo_pipeline.rewards.math import math_scores
+from grpo_pipeline.rewards.registry import RewardFn, completion_text, register
 
 Unit = Literal["auto", "tokens", "chars", "words"]
 

@@ -22,7 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from fractions import Fraction
 
-from rewards.registry import RewardFn, completion_text, register
+from grpo_pipeline.rewards.registry import RewardFn, completion_text, register
 
 logger = logging.getLogger(__name__)
 

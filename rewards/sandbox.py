@@ -54,8 +54,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from rewards import _harness
-from rewards._harness import DecodeError
+from grpo_pipeline.rewards import _harness
+from grpo_pipeline.rewards._harness import DecodeError
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
-from rewards import build_reward  # noqa: E402
-from tasks.evaluate import generate, score_completions  # noqa: E402
+from grpo_pipeline.rewards import build_reward  # noqa: E402
+from grpo_pipeline.tasks.evaluate import generate, score_completions  # noqa: E402
 
 PROBE_METRIC = "probe/greedy_accuracy"
 CURVE_ARTIFACT = "plots/learning_curve.png"

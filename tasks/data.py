@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 from pydantic import BaseModel
 
-from configs.schema import DataConfig, SyntheticTaskConfig, section_hash
-from tasks.common import Ref, atomic_dir, fingerprint_path, logger, stage_dir
+from grpo_pipeline.configs.schema import DataConfig, SyntheticTaskConfig, section_hash
+from grpo_pipeline.tasks.common import Ref, atomic_dir, fingerprint_path, logger, stage_dir
 
 
 class DataError(ValueError):

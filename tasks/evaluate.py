@@ -15,11 +15,11 @@ from pydantic import BaseModel
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
-from configs.schema import EvalConfig, section_hash
-from rewards import build_reward
-from tasks.common import Checkpoint, Ref, atomic_dir, logger, stage_dir
-from tasks.metrics import mean_pass_at_k
-from tasks.training import load_tokenizer
+from grpo_pipeline.configs.schema import EvalConfig, section_hash
+from grpo_pipeline.rewards import build_reward
+from grpo_pipeline.tasks.common import Checkpoint, Ref, atomic_dir, logger, stage_dir
+from grpo_pipeline.tasks.metrics import mean_pass_at_k
+from grpo_pipeline.tasks.training import load_tokenizer
 
 
 class EvalResult(BaseModel):

@@ -15,12 +15,12 @@ import pandas as pd
 from trl import GRPOConfig as TRLGRPOConfig
 from trl import GRPOTrainer
 
-from configs.schema import GRPOConfig, ModelConfig, section_hash
-from rewards import build_rewards
-from tasks.common import Checkpoint, Ref, logger, stage_dir
-from tasks.curves import HeldOutAccuracyProbe
-from tasks.tracking import mlflow_run
-from tasks.training import load_split, load_tokenizer, precision_args, save_checkpoint, vllm_available
+from grpo_pipeline.configs.schema import GRPOConfig, ModelConfig, section_hash
+from grpo_pipeline.rewards import build_rewards
+from grpo_pipeline.tasks.common import Checkpoint, Ref, logger, stage_dir
+from grpo_pipeline.tasks.curves import HeldOutAccuracyProbe
+from grpo_pipeline.tasks.tracking import mlflow_run
+from grpo_pipeline.tasks.training import load_split, load_tokenizer, precision_args, save_checkpoint, vllm_available
 
 
 def trl_grpo_args(cfg: GRPOConfig, model_cfg: ModelConfig, output_dir: str, seed: int, weights: list[float]) -> TRLGRPOConfig:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from configs.schema import ModelConfig, section_hash
-from tasks.common import Checkpoint, fingerprint_path, logger, stage_dir
-from tasks.tiny_model import build_tiny_model
+from grpo_pipeline.configs.schema import ModelConfig, section_hash
+from grpo_pipeline.tasks.common import Checkpoint, fingerprint_path, logger, stage_dir
+from grpo_pipeline.tasks.tiny_model import build_tiny_model
 
 
 def prepare_base_model(cfg: ModelConfig, run_dir: str, seed: int) -> Checkpoint:

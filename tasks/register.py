@@ -13,11 +13,11 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 from pydantic import BaseModel
 
-from configs.schema import RegistryConfig
-from tasks.common import Checkpoint, logger
-from tasks.curves import CURVE_ARTIFACT, PROBE_METRIC, learning_curve_figure, metric_history
-from tasks.evaluate import EvalResult
-from tasks.tracking import configure_mlflow
+from grpo_pipeline.configs.schema import RegistryConfig
+from grpo_pipeline.tasks.common import Checkpoint, logger
+from grpo_pipeline.tasks.curves import CURVE_ARTIFACT, PROBE_METRIC, learning_curve_figure, metric_history
+from grpo_pipeline.tasks.evaluate import EvalResult
+from grpo_pipeline.tasks.tracking import configure_mlflow
 
 GATING_TAG = "gating_value"
 

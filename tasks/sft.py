@@ -11,10 +11,10 @@ import tempfile
 from trl import SFTConfig as TRLSFTConfig
 from trl import SFTTrainer
 
-from configs.schema import ModelConfig, SFTConfig, section_hash
-from tasks.common import Checkpoint, Ref, logger, stage_dir
-from tasks.tracking import mlflow_run
-from tasks.training import load_split, load_tokenizer, precision_args, save_checkpoint
+from grpo_pipeline.configs.schema import ModelConfig, SFTConfig, section_hash
+from grpo_pipeline.tasks.common import Checkpoint, Ref, logger, stage_dir
+from grpo_pipeline.tasks.tracking import mlflow_run
+from grpo_pipeline.tasks.training import load_split, load_tokenizer, precision_args, save_checkpoint
 
 
 def sft_warmup(

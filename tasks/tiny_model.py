@@ -13,8 +13,8 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from configs.schema import TinyModelConfig
-from tasks.common import atomic_dir
+from grpo_pipeline.configs.schema import TinyModelConfig
+from grpo_pipeline.tasks.common import atomic_dir
 
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
 # Every printable ASCII character plus newline, so any English prompt tokenizes without <unk>.

@@ -11,8 +11,8 @@ import torch
 from datasets import Dataset
 from transformers import AutoTokenizer
 
-from configs.schema import ModelConfig
-from tasks.common import Checkpoint, atomic_dir, fingerprint_path
+from grpo_pipeline.configs.schema import ModelConfig
+from grpo_pipeline.tasks.common import Checkpoint, atomic_dir, fingerprint_path
 
 
 def has_cuda() -> bool:

@@ -11,8 +11,8 @@ import pandera.pandas as pa
 from pandera.errors import SchemaErrors
 from pandera.typing import Series
 
-from configs.schema import DataConfig
-from tasks.data import DatasetRefs
+from grpo_pipeline.configs.schema import DataConfig
+from grpo_pipeline.tasks.data import DatasetRefs
 
 
 class DataValidationError(ValueError):

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from configs.schema import ConfigError, PipelineConfig, apply_overrides, load_config
+from grpo_pipeline.configs.schema import ConfigError, PipelineConfig, apply_overrides, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,9 +4,9 @@ import datasets
 import pandas as pd
 import pytest
 
-from configs.schema import DataConfig, load_config
-from tasks.data import DataError, needs_carry, prepare_data, split_train_eval, synthetic_arithmetic
-from tasks.validate import DataValidationError, validate_data, validate_frames
+from grpo_pipeline.configs.schema import DataConfig, load_config
+from grpo_pipeline.tasks.data import DataError, needs_carry, prepare_data, split_train_eval, synthetic_arithmetic
+from grpo_pipeline.tasks.validate import DataValidationError, validate_data, validate_frames
 
 
 def synthetic_cfg(**kw) -> DataConfig:

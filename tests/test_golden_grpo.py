@@ -57,11 +57,11 @@ def run_tiny_grpo(run_dir: Path) -> dict[str, list[float]]:
     """Per-step reward metrics of the golden run (MLflow metrics of the GRPO run)."""
     import mlflow
 
-    from configs.schema import load_config
-    from tasks.data import prepare_data
-    from tasks.grpo import grpo_train
-    from tasks.model import prepare_base_model
-    from tasks.sft import sft_warmup
+    from grpo_pipeline.configs.schema import load_config
+    from grpo_pipeline.tasks.data import prepare_data
+    from grpo_pipeline.tasks.grpo import grpo_train
+    from grpo_pipeline.tasks.model import prepare_base_model
+    from grpo_pipeline.tasks.sft import sft_warmup
 
     cfg = load_config(None, [*OVERRIDES, f"run_dir={run_dir}"])
     threads = torch.get_num_threads()

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from tasks.metrics import mean_pass_at_k, paired_bootstrap_ci, pass_at_k
+from grpo_pipeline.tasks.metrics import mean_pass_at_k, paired_bootstrap_ci, pass_at_k
 
 
 def brute_force_pass_at_k(n: int, c: int, k: int) -> float:

@@ -15,11 +15,11 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from configs.schema import RegistryConfig
-from tasks.common import Checkpoint
-from tasks.evaluate import EvalResult
-from tasks.register import register_policy
-from tasks.tracking import configure_mlflow
+from grpo_pipeline.configs.schema import RegistryConfig
+from grpo_pipeline.tasks.common import Checkpoint
+from grpo_pipeline.tasks.evaluate import EvalResult
+from grpo_pipeline.tasks.register import register_policy
+from grpo_pipeline.tasks.tracking import configure_mlflow
 
 
 @pytest.fixture

@@ -7,10 +7,10 @@ import textwrap
 
 import pytest
 
-from rewards import REGISTRY, build_reward, build_rewards
-from rewards.format import tag_count_score
-from rewards.length import repetition_score
-from rewards.registry import RewardError
+from grpo_pipeline.rewards import REGISTRY, build_reward, build_rewards
+from grpo_pipeline.rewards.format import tag_count_score
+from grpo_pipeline.rewards.length import repetition_score
+from grpo_pipeline.rewards.registry import RewardError
 
 GOOD_XML = "<reasoning>\n2 + 2 is 4.\n</reasoning>\n<answer>\n4\n</answer>\n"
 SOFT_XML = "Sure. <reasoning>2 + 2 is 4.</reasoning> <answer>4</answer>"
@@ -47,7 +47,7 @@ def user_reward(prompts, completions, **kwargs):
 
 def user_factory(bonus: float):
     def reward(prompts, completions, **kwargs):
-        from rewards import completion_text
+        from grpo_pipeline.rewards import completion_text
 
         return [len(completion_text(c)) + bonus for c in completions]
 
@@ -86,7 +86,7 @@ def test_correctness_without_answers_is_not_applicable() -> None:
 def test_correctness_in_a_thread_and_errors_are_none(monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    from rewards import math as math_rewards
+    from grpo_pipeline.rewards import math as math_rewards
 
     out: dict[str, list] = {}
     fn = build_reward("correctness")

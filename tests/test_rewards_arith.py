@@ -2,8 +2,8 @@
 
 import pytest
 
-from rewards import build_reward
-from rewards.arith import digit_match_score
+from grpo_pipeline.rewards import build_reward
+from grpo_pipeline.rewards.arith import digit_match_score
 
 
 @pytest.mark.parametrize(

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from grpo_pipeline.cli import app
-from rewards import build_reward
-from rewards.math import extract_gold
+from grpo_pipeline.rewards import build_reward
+from grpo_pipeline.rewards.math import extract_gold
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 HUMANEVAL = DATA / "HumanEval.jsonl.gz"

@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from rewards import build_reward
-from rewards.judge import parse_score
+from grpo_pipeline.rewards import build_reward
+from grpo_pipeline.rewards.judge import parse_score
 
 
 class FakeJudge(BaseHTTPRequestHandler):

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from rewards._harness import Opaque, decode, encode
-from rewards.code import humaneval_job
-from rewards.sandbox import _BASE_UID, CodeJob, RunResult, Sandbox, SandboxConfig, bwrap_status
+from grpo_pipeline.rewards._harness import Opaque, decode, encode
+from grpo_pipeline.rewards.code import humaneval_job
+from grpo_pipeline.rewards.sandbox import _BASE_UID, CodeJob, RunResult, Sandbox, SandboxConfig, bwrap_status
 
 TIMEOUT_S = 2.0
 PROMPT = "def f(x):\n    \"\"\"Return twice x.\"\"\"\n"

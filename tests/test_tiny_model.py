@@ -1,9 +1,9 @@
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from configs.schema import ModelConfig, TinyModelConfig
-from tasks.model import prepare_base_model
-from tasks.tiny_model import build_tiny_model
+from grpo_pipeline.configs.schema import ModelConfig, TinyModelConfig
+from grpo_pipeline.tasks.model import prepare_base_model
+from grpo_pipeline.tasks.tiny_model import build_tiny_model
 
 
 def test_char_tokenizer_round_trips_through_from_pretrained(tmp_path):
