@@ -190,7 +190,12 @@ class EvalConfig(_Section):
     temperature: float = Field(default=1.0, gt=0, description="Sampling temperature for pass@k.")
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling for pass@k.")
     max_new_tokens: int = Field(default=8, ge=1, description="Longest evaluated completion (tokens).")
-    batch_size: int = Field(default=256, ge=1, description="Prompts per generation batch.")
+    batch_size: int = Field(
+        default=256,
+        ge=1,
+        description="Sequences per generation batch: prompts x completions (a pass@k batch holds batch_size / "
+        "n_samples prompts).",
+    )
     correctness_reward: str = Field(
         default="correctness", description="The reward (name or dotted path) that decides if a completion is correct."
     )
@@ -219,6 +224,12 @@ class PipelineConfig(_Section):
     name: str = Field(default="tiny-arith", description="Recipe name; used in run directories and MLflow run names.")
     run_dir: str = Field(default="runs", description="Where datasets, checkpoints and the local MLflow store live.")
     seed: int = Field(default=0, description="Global seed for model init, SFT and GRPO.")
+    code_dir: str | None = Field(
+        default=None,
+        description="Directory searched first for your own modules named by dotted paths (e.g. a reward "
+        "'my_rewards:score' in my_rewards.py); the recipe's directory when the recipe is a file. The working "
+        "directory is always searched. Not part of the config hash.",
+    )
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
@@ -234,8 +245,8 @@ class PipelineConfig(_Section):
         return v
 
     def fingerprint(self) -> str:
-        """sha256 of the canonical JSON of the whole config (the MLflow tag `config_hash`)."""
-        return section_hash(self)
+        """sha256 of the canonical JSON of the whole config (the MLflow tag `config_hash`), where it came from aside."""
+        return section_hash(self.model_dump(mode="json", exclude={"code_dir"}))
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
@@ -302,6 +313,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if not isinstance(raw, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
         origin = str(path)
+        raw.setdefault("code_dir", str(path.resolve().parent))
     raw = apply_overrides(raw, overrides or [])
     try:
         return PipelineConfig.model_validate(raw)

@@ -4,23 +4,25 @@
         -> [round r = 1..R: grpo_train(r) -> evaluate(r) -> register(r)]
 
 Each stage is a thin Prefect task over a plain function in tasks/ (usable without Prefect). Tasks exchange paths
-plus content fingerprints, never models or DataFrames, and each task's cache key is its inputs (config section +
-fingerprints) plus its source: rerunning an unchanged config hits the cache everywhere, and changing only `grpo.*`
-reruns GRPO and what follows it.
+plus content fingerprints, never models or DataFrames. A stage's cache key is the one key that also names its
+output directory (tasks/stage.py): its config section, its inputs' fingerprints, the project code it runs and the
+user's code it calls. Rerunning an unchanged config hits the cache everywhere; changing only `grpo.*` reruns GRPO
+and what follows it.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import Task, flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
-from prefect.cache_policies import INPUTS, TASK_SOURCE
 
 from grpo_pipeline.configs.schema import ConfigError, PipelineConfig
 from grpo_pipeline.flows.summary import StageRecord, Summary
 from grpo_pipeline.rewards.registry import RewardError
+from grpo_pipeline.runtime import setup
 from grpo_pipeline.tasks.data import DataError
 from grpo_pipeline.tasks.data import prepare_data as _prepare_data
 from grpo_pipeline.tasks.evaluate import EvalResult
@@ -29,6 +31,7 @@ from grpo_pipeline.tasks.grpo import grpo_train as _grpo_train
 from grpo_pipeline.tasks.model import prepare_base_model
 from grpo_pipeline.tasks.register import Registration, register_policy
 from grpo_pipeline.tasks.sft import sft_warmup as _sft_warmup
+from grpo_pipeline.tasks.stage import RunContext
 from grpo_pipeline.tasks.validate import DataValidationError
 from grpo_pipeline.tasks.validate import validate_data as _validate_data
 
@@ -36,7 +39,7 @@ from grpo_pipeline.tasks.validate import validate_data as _validate_data
 NOT_RETRIED = (ConfigError, DataError, DataValidationError, RewardError, FileNotFoundError, ValueError, TypeError)
 
 
-def retry_unless_bad_input(task, task_run, state) -> bool:
+def retry_unless_bad_input(task: Task, task_run: Any, state: Any) -> bool:
     try:
         state.result()
     except NOT_RETRIED:
@@ -46,64 +49,62 @@ def retry_unless_bad_input(task, task_run, state) -> bool:
     return True
 
 
-STAGE = dict(
-    cache_policy=INPUTS + TASK_SOURCE,
-    persist_result=True,
-    retries=2,
-    retry_delay_seconds=5,
-    retry_condition_fn=retry_unless_bad_input,
-)
+def stage_task(fn: Callable[..., Any], name: str, **options: Any) -> Task:
+    """A Prefect task over a stage function, cached under the stage's own key (see tasks/stage.py)."""
+    return task(
+        fn,
+        name=name,
+        cache_key_fn=fn.stage.cache_key,
+        persist_result=True,
+        retries=2,
+        retry_delay_seconds=5,
+        retry_condition_fn=retry_unless_bad_input,
+        **options,
+    )
 
 
-# Each task takes only its own config section and the fingerprinted outputs it consumes, so its cache key changes
-# exactly when its inputs do. The plain functions in tasks/ are the tasks; Prefect adds caching, retries, states.
-prepare_data = task(_prepare_data, name="prepare_data", **STAGE)
-validate_data = task(_validate_data, name="validate_data", **STAGE)
-base_model = task(prepare_base_model, name="base_model", **STAGE)
-sft_warmup = task(_sft_warmup, name="sft_warmup", **STAGE)
-grpo_train = task(_grpo_train, name="grpo_train", task_run_name="grpo_train-r{round_index}", **STAGE)
-evaluate = task(_evaluate, name="evaluate", task_run_name="evaluate-{label}", **STAGE)
-# The resolved config and its tags are logged, not keyed: a new version is registered only when the policy, its
-# scores or the registry settings change.
-register = task(
-    register_policy,
-    name="register",
-    **{**STAGE, "cache_policy": (INPUTS - "config_yaml" - "tags") + TASK_SOURCE},
-)
+prepare_data = stage_task(_prepare_data, "prepare_data")
+validate_data = stage_task(_validate_data, "validate_data")
+base_model = stage_task(prepare_base_model, "base_model")
+sft_warmup = stage_task(_sft_warmup, "sft_warmup")
+grpo_train = stage_task(_grpo_train, "grpo_train", task_run_name="grpo_train-r{round_index}")
+evaluate = stage_task(_evaluate, "evaluate", task_run_name="evaluate-{label}")
+register = stage_task(register_policy, "register")
 
 
-def _run(records: list[StageRecord], record_name: str, stage, /, *args: Any, **kwargs: Any):
+def _run(records: list[StageRecord], record_name: str, stage: Task, /, *args: Any, **kwargs: Any) -> Any:
     """Run a task, record its wall time and whether it came from the cache, and return its result."""
     start = time.perf_counter()
     state = stage(*args, return_state=True, **kwargs)
-    records.append(StageRecord(stage=record_name, seconds=time.perf_counter() - start, cached=state.name == "Cached", state=state.name))
+    seconds = time.perf_counter() - start
+    records.append(StageRecord(stage=record_name, seconds=seconds, cached=state.name == "Cached", state=state.name))
     return state.result()
 
 
 @flow(name="grpo-pipeline", log_prints=False)
 def grpo_pipeline(config: PipelineConfig) -> Summary:
     """Data -> validation -> SFT warmup -> R rounds of GRPO, each evaluated and registered in MLflow."""
+    setup(config)
     logger = get_run_logger()
     cfg = config
+    ctx = RunContext(run_dir=cfg.run_dir, experiment=cfg.registry.experiment, recipe=cfg.name, seed=cfg.seed)
     records: list[StageRecord] = []
 
     data = _run(records, "prepare_data", prepare_data, cfg.data, cfg.run_dir)
     data = _run(records, "validate_data", validate_data, data, cfg.data)
     policy = _run(records, "base_model", base_model, cfg.model, cfg.run_dir, cfg.seed)
-    mlflow_args = dict(run_dir=cfg.run_dir, experiment=cfg.registry.experiment, recipe=cfg.name, seed=cfg.seed)
     if cfg.sft.enabled:
-        policy = _run(records, "sft_warmup", sft_warmup, policy, data.train, cfg.sft, cfg.model, **mlflow_args)
-    eval_args = dict(held_out=data.eval, cfg=cfg.eval, run_dir=cfg.run_dir, seed=cfg.seed)
-    baseline = _run(records, "evaluate-sft", evaluate, policy, label="sft", **eval_args)
+        policy = _run(records, "sft_warmup", sft_warmup, policy, data.train, cfg.sft, cfg.model, ctx)
+    baseline = _run(records, "evaluate-sft", evaluate, policy, data.eval, cfg.eval, ctx, label="sft")
 
     rounds: list[tuple[EvalResult, Registration | None]] = []
     for r in range(1, cfg.grpo.rounds + 1):
         # Each round starts from the previous policy; TRL builds the reference model from it (reset per round).
         policy = _run(
-            records, f"grpo_train-r{r}", grpo_train, policy, data.train, cfg.grpo, cfg.model, r, **mlflow_args,
+            records, f"grpo_train-r{r}", grpo_train, policy, data.train, cfg.grpo, cfg.model, r, ctx,
             held_out=data.eval, correctness_reward=cfg.eval.correctness_reward,
         )
-        result = _run(records, f"evaluate-r{r}", evaluate, policy, label=f"r{r}", **eval_args)
+        result = _run(records, f"evaluate-r{r}", evaluate, policy, data.eval, cfg.eval, ctx, label=f"r{r}")
         registration = None
         if cfg.registry.register_each_round or r == cfg.grpo.rounds:
             tags = {
@@ -114,12 +115,12 @@ def grpo_pipeline(config: PipelineConfig) -> Summary:
                 "round": str(r),
             }
             registration = _run(
-                records, f"register-r{r}", register, policy, result, baseline, cfg.registry, cfg.run_dir,
-                cfg.to_yaml(), tags,
+                records, f"register-r{r}", register, policy, result, baseline, cfg.registry, ctx, cfg.to_yaml(), tags
             )
         rounds.append((result, registration))
 
     summary = Summary.build(cfg, records, baseline, rounds)
-    create_markdown_artifact(markdown=summary.to_markdown(), key="grpo-pipeline-summary", description="Run summary")
-    logger.info("pipeline finished:\n%s", summary.to_markdown())
+    markdown = summary.to_markdown()
+    create_markdown_artifact(markdown=markdown, key="grpo-pipeline-summary", description="Run summary")
+    logger.info("pipeline finished:\n%s", markdown)
     return summary

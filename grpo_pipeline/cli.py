@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.markdown import Markdown
 
 from grpo_pipeline.configs.schema import ConfigError, PipelineConfig, load_config
 from grpo_pipeline.rewards_cli import rewards_app
-from grpo_pipeline.runtime import configure_environment, configure_logging
+from grpo_pipeline.runtime import setup
 
 app = typer.Typer(
     help="GRPO post-training as a Prefect pipeline: data -> validation -> SFT -> GRPO rounds -> eval -> MLflow.",
@@ -39,34 +38,6 @@ def _load(config: Path | None, overrides: list[str] | None) -> PipelineConfig:
         raise typer.Exit(2) from None
 
 
-def print_summary(summary) -> None:
-    stages = Table(title=f"grpo-pipeline: {summary.recipe} (config {summary.config_hash})")
-    for col, justify in (("stage", "left"), ("wall time (s)", "right"), ("cached", "left")):
-        stages.add_column(col, justify=justify)
-    for s in summary.stages:
-        stages.add_row(s.stage, f"{s.seconds:.1f}", "[green]yes[/green]" if s.cached else "no")
-    stages.add_row("[bold]total[/bold]", f"{summary.total_seconds:.1f}", "")
-    console.print(stages)
-
-    settings = ", ".join(f"{k}={v}" for k, v in summary.eval_settings.items())
-    scores = Table(title=f"held-out scores ({settings})")
-    scores.add_column("model")
-    for c in summary.score_columns():
-        scores.add_column(c, justify="right")
-    for row in summary.scores:
-        scores.add_row(row.model, *(f"{v:.3f}" for v in row.metrics.values()))
-    console.print(scores)
-
-    if summary.registrations:
-        reg = Table(title="MLflow model registry")
-        for col in ("model", "version", "alias", "gating metric", "value", "previous champion"):
-            reg.add_column(col)
-        for r in summary.registrations:
-            prev = "-" if r.previous_champion is None else f"v{r.previous_champion} ({r.previous_champion_value:.3f})"
-            reg.add_row(r.model_name, r.version, r.alias, r.gating_metric, f"{r.gating_value:.3f}", prev)
-        console.print(reg)
-
-
 @app.command()
 def run(
     config: ConfigOpt = None,
@@ -79,12 +50,10 @@ def run(
 ) -> None:
     """Run the whole pipeline on a recipe."""
     cfg = _load(config, overrides)
-    configure_environment()
-    if refresh:
-        os.environ["PREFECT_TASKS_REFRESH_CACHE"] = "true"
-    configure_logging(verbose)
-    # Prefect reads its settings at import time, so the flow is imported only now.
+    setup(cfg, verbose=verbose, refresh=refresh)
+    # Prefect reads its settings at import time, so the flow is imported only after setup.
     from grpo_pipeline.flows.grpo_pipeline import grpo_pipeline
+    from grpo_pipeline.tasks.tracking import tracking_uri
 
     console.print(f"[bold]grpo-pipeline[/bold] recipe [cyan]{cfg.name}[/cyan], run dir [cyan]{cfg.run_dir}[/cyan]")
     try:
@@ -92,10 +61,10 @@ def run(
     except Exception as e:  # the flow has logged the traceback; end with one clear line and a non-zero code
         console.print(f"[red]pipeline failed:[/red] {type(e).__name__}: {e}")
         raise typer.Exit(1) from None
-    print_summary(summary)
+    console.print(Markdown(summary.to_markdown()))
     if summary_json:
         summary_json.write_text(summary.model_dump_json(indent=2))
-    console.print(f"MLflow UI: mlflow ui --backend-store-uri {os.environ.get('MLFLOW_TRACKING_URI')}")
+    console.print(f"MLflow UI: mlflow ui --backend-store-uri {tracking_uri(cfg.run_dir)}")
 
 
 @app.command("config")

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grpo_pipeline.configs.schema import ConfigError, load_config
-from grpo_pipeline.runtime import configure_logging
+from grpo_pipeline.runtime import setup
 
 rewards_app = typer.Typer(help="Score completions with rewards, outside training.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -64,16 +64,18 @@ def score(
     from grpo_pipeline.rewards import build_reward
     from grpo_pipeline.rewards.registry import RewardError
 
-    configure_logging(verbose)
     if (config is None) == (rewards is None):
         raise typer.BadParameter("give exactly one of --config and --rewards")
     if config is not None:
         try:
-            specs = [(s.name, dict(s.params)) for s in load_config(config).grpo.rewards]
+            cfg = load_config(config)
         except ConfigError as e:
             console.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2) from None
+        setup(cfg, verbose=verbose)
+        specs = [(s.name, dict(s.params)) for s in cfg.grpo.rewards]
     else:
+        setup(verbose=verbose)
         specs = [(name.strip(), {}) for name in rewards.split(",") if name.strip()]
     try:
         fns = [build_reward(name, params) for name, params in specs]

@@ -1,43 +1,73 @@
-"""Process-wide defaults that must be in place before Prefect is imported: offline, project-local state."""
+"""One way in: the process defaults that the CLI, the flow (so a Prefect worker gets them), tests and plain Python
+all apply through `setup`.
+
+Settings that Prefect reads at import time (PREFECT_HOME, analytics, extra loggers) only take effect when `setup`
+runs before Prefect is imported, as the CLI does; the flow calls it again on entry, where it still sets logging and
+the import paths of the user's own modules.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from grpo_pipeline.configs.schema import PipelineConfig
 
 DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     # The ephemeral server starts in ~10 s on an idle laptop; leave room for a busy 2-core machine.
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+    # The stages' own log lines (scores, registrations, warnings) go to the Prefect run logs too.
+    "PREFECT_LOGGING_EXTRA_LOGGERS": "grpo_pipeline",
     "TOKENIZERS_PARALLELISM": "false",
     "HF_HUB_DISABLE_TELEMETRY": "1",
+    # Keep the trainers' step progress bars; drop the per-file loading/writing/mapping bars of datasets and the hub.
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
     "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "false",
 }
+QUIET_LOGGERS = ("httpx", "urllib3", "alembic", "mlflow.store", "filelock")
 
 
-def configure_environment(project_dir: str | Path = ".") -> None:
-    """Set offline, project-local defaults for Prefect and friends; values already in the environment win.
+def setup(config: PipelineConfig | None = None, *, verbose: bool = False, refresh: bool = False) -> None:
+    """Apply every process default; values already in the environment win. Safe to call more than once.
 
-    With no PREFECT_API_URL, Prefect runs a temporary local server per run; its database and cached results live
-    under PREFECT_HOME, here `<project>/.prefect`, so caching works across runs of the same project.
+    - Prefect: project-local state under `./.prefect` (PREFECT_HOME), analytics off, our logger in the run logs.
+      With no PREFECT_API_URL, Prefect runs a temporary local server per run whose database and cached results
+      live under PREFECT_HOME, so caching works across runs of the same project.
+    - `refresh`: every stage reruns (Prefect ignores cached results but still writes new ones).
+    - Logging for the pipeline's own logger, libraries' chatter turned down.
+    - Import paths: the working directory and the recipe's directory (`config.code_dir`), so a user's reward
+      module beside the recipe imports by its dotted path without PYTHONPATH.
     """
-    os.environ.setdefault("PREFECT_HOME", str(Path(project_dir).resolve() / ".prefect"))
+    os.environ.setdefault("PREFECT_HOME", str(Path.cwd() / ".prefect"))
     for key, value in DEFAULTS.items():
         os.environ.setdefault(key, value)
+    if refresh:
+        os.environ["PREFECT_TASKS_REFRESH_CACHE"] = "true"
+    configure_logging(verbose)
+    add_import_paths(Path.cwd(), config.code_dir if config is not None else None)
 
 
 def configure_logging(verbose: bool = False) -> None:
+    """INFO (DEBUG with `verbose`) to stderr unless the host (Prefect, pytest, a notebook) set up logging already."""
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    for noisy in ("httpx", "urllib3", "alembic", "mlflow.store", "filelock"):
+    logging.getLogger("grpo_pipeline").setLevel(logging.DEBUG if verbose else logging.INFO)
+    for noisy in QUIET_LOGGERS:
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    # Keep the trainers' step progress bars; drop the per-file loading/writing/mapping bars.
-    import datasets
-    import transformers
 
-    datasets.disable_progress_bars()
-    transformers.utils.logging.disable_progress_bar()
+
+def add_import_paths(*dirs: str | Path | None) -> None:
+    """Put `dirs` at the front of sys.path, as Python does for a script's own directory, each once."""
+    for d in reversed([str(Path(d).resolve()) for d in dirs if d]):
+        if d in sys.path:
+            sys.path.remove(d)
+        sys.path.insert(0, d)

@@ -70,11 +70,6 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def stage_dir(run_dir: str | Path, stage: str, key: str) -> Path:
-    """Content-addressed output directory of a stage: <run_dir>/<stage>/<key[:12]>."""
-    return Path(run_dir) / stage / key[:12]
-
-
 class Checkpoint(Ref):
     """A model directory, the MLflow run that produced it (None for a base model) and the model it started from."""
 

@@ -16,8 +16,9 @@ from pathlib import Path
 import pandas as pd
 from pydantic import BaseModel
 
-from grpo_pipeline.configs.schema import DataConfig, SyntheticTaskConfig, section_hash
-from grpo_pipeline.tasks.common import Ref, atomic_dir, fingerprint_path, logger, stage_dir
+from grpo_pipeline.configs.schema import DataConfig, SyntheticTaskConfig
+from grpo_pipeline.tasks.common import Ref, atomic_dir, fingerprint_path, logger
+from grpo_pipeline.tasks.stage import stage
 
 
 class DataError(ValueError):
@@ -200,8 +201,9 @@ def load_source(cfg: DataConfig) -> pd.DataFrame:
     return map_columns(load_hf(cfg.hf_name, cfg.hf_config, cfg.hf_split), cfg, origin=f"dataset {cfg.hf_name}")
 
 
-def prepare_data(cfg: DataConfig, run_dir: str) -> DatasetRefs:
-    """Build the splits and write `train.parquet` / `eval.parquet` under a content-addressed directory."""
+@stage("data")
+def prepare_data(cfg: DataConfig, run_dir: str, out: Path) -> DatasetRefs:
+    """Build the splits and write `train.parquet` / `eval.parquet` into the stage's keyed directory `out`."""
     df = load_source(cfg)
     if len(df) < 2:
         raise DataError(f"the data source has {len(df)} row(s); need at least 2 (one to train, one to evaluate)")
@@ -210,7 +212,6 @@ def prepare_data(cfg: DataConfig, run_dir: str) -> DatasetRefs:
         train = slip_carries(train, cfg.synthetic.teacher_carry_slip, cfg.seed)
     if train.empty:
         raise DataError(f"no rows are left for training after holding out {len(held_out)}; lower data.num_eval")
-    out = stage_dir(run_dir, "data", section_hash(cfg))
     with atomic_dir(out) as tmp:
         train.to_parquet(tmp / "train.parquet", index=False)
         held_out.to_parquet(tmp / "eval.parquet", index=False)

@@ -15,9 +15,10 @@ from pydantic import BaseModel
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
-from grpo_pipeline.configs.schema import EvalConfig, section_hash
+from grpo_pipeline.configs.schema import EvalConfig
 from grpo_pipeline.rewards import build_reward
-from grpo_pipeline.tasks.common import Checkpoint, Ref, atomic_dir, logger, stage_dir
+from grpo_pipeline.tasks.common import Checkpoint, Ref, atomic_dir, logger
+from grpo_pipeline.tasks.stage import RunContext, stage, user_code
 from grpo_pipeline.tasks.metrics import mean_pass_at_k
 from grpo_pipeline.tasks.training import load_tokenizer
 
@@ -98,8 +99,9 @@ def score_completions(reward, rows: pd.DataFrame, completions: list[list[str]]) 
     return [ok[i * n : (i + 1) * n] for i in range(len(rows))]
 
 
-def evaluate(policy: Checkpoint, held_out: Ref, cfg: EvalConfig, run_dir: str, seed: int, label: str) -> EvalResult:
-    """Greedy accuracy and pass@k of `policy` on the held-out split; per-problem details go to a JSON file."""
+@stage("eval-{label}", external=lambda params: user_code([params["cfg"].correctness_reward]))
+def evaluate(policy: Checkpoint, held_out: Ref, cfg: EvalConfig, ctx: RunContext, label: str, out: Path) -> EvalResult:
+    """Greedy accuracy and pass@k of `policy` on the held-out split; per-problem details go to `out`."""
     rows = pd.read_parquet(held_out.require())
     if cfg.max_problems:
         rows = rows.head(cfg.max_problems)
@@ -110,7 +112,7 @@ def evaluate(policy: Checkpoint, held_out: Ref, cfg: EvalConfig, run_dir: str, s
     model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
     prompts = rows["prompt"].tolist()
 
-    torch.manual_seed(seed)
+    torch.manual_seed(ctx.seed)
     greedy = generate(
         model, tokenizer, prompts, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
         desc=f"eval {label} greedy",
@@ -122,8 +124,6 @@ def evaluate(policy: Checkpoint, held_out: Ref, cfg: EvalConfig, run_dir: str, s
     greedy_ok = [g[0] for g in score_completions(reward, rows, greedy)]
     counts = [sum(s) for s in score_completions(reward, rows, sampled)]
 
-    result_key = section_hash({"eval": cfg.model_dump(), "policy": policy.fingerprint, "data": held_out.fingerprint, "seed": seed})
-    out = stage_dir(run_dir, f"eval-{label}", result_key)
     with atomic_dir(out) as tmp:
         (tmp / "details.json").write_text(
             json.dumps(

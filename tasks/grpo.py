@@ -9,25 +9,28 @@ is reset to that policy too (only matters when beta > 0).
 
 from __future__ import annotations
 
-import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import pandas as pd
+from transformers import PreTrainedTokenizerBase
 from trl import GRPOConfig as TRLGRPOConfig
 from trl import GRPOTrainer
 
-from grpo_pipeline.configs.schema import GRPOConfig, ModelConfig, section_hash
+from grpo_pipeline.configs.schema import GRPOConfig, ModelConfig
 from grpo_pipeline.rewards import build_rewards
-from grpo_pipeline.tasks.common import Checkpoint, Ref, logger, stage_dir
+from grpo_pipeline.tasks.common import Checkpoint, Ref
 from grpo_pipeline.tasks.curves import HeldOutAccuracyProbe
-from grpo_pipeline.tasks.tracking import mlflow_run
-from grpo_pipeline.tasks.training import load_split, load_tokenizer, precision_args, save_checkpoint, vllm_available
+from grpo_pipeline.tasks.stage import RunContext, stage, user_code
+from grpo_pipeline.tasks.training import load_split, train_policy, vllm_available
 
 
-def trl_grpo_args(cfg: GRPOConfig, model_cfg: ModelConfig, output_dir: str, seed: int, weights: list[float]) -> TRLGRPOConfig:
+def trl_grpo_args(cfg: GRPOConfig, common: dict[str, Any], weights: list[float]) -> TRLGRPOConfig:
     """Map the pipeline's GRPO section (batch fields in prompts and generations) onto TRL's GRPOConfig."""
     use_vllm = vllm_available() if cfg.use_vllm == "auto" else bool(cfg.use_vllm)
     return TRLGRPOConfig(
-        output_dir=output_dir,
+        **common,
         max_steps=cfg.steps_per_round,
         learning_rate=cfg.learning_rate,
         lr_scheduler_type="constant_with_warmup" if cfg.warmup_ratio else "constant",
@@ -47,70 +50,54 @@ def trl_grpo_args(cfg: GRPOConfig, model_cfg: ModelConfig, output_dir: str, seed
         use_vllm=use_vllm,
         vllm_mode="colocate",
         logging_steps=cfg.log_every_steps,
-        save_strategy="no",
-        report_to=["mlflow"],
-        seed=seed,
-        dataloader_num_workers=0,
-        **precision_args(model_cfg),
     )
 
 
+def _rewards_code(params: Mapping[str, Any]) -> dict[str, str]:
+    return user_code([*(r.name for r in params["cfg"].rewards), params["correctness_reward"]])
+
+
+@stage("grpo-round{round_index}", external=_rewards_code)
 def grpo_train(
     start: Checkpoint,
     train: Ref,
     cfg: GRPOConfig,
     model_cfg: ModelConfig,
     round_index: int,
-    run_dir: str,
-    experiment: str,
-    recipe: str,
-    seed: int,
+    ctx: RunContext,
     held_out: Ref | None = None,
     correctness_reward: str = "correctness",
+    *,
+    out: Path,
 ) -> Checkpoint:
     """One GRPO round from `start`; returns the policy checkpoint (with its MLflow run id).
 
     With `held_out`, greedy accuracy on its first `cfg.probe_problems` rows is logged during training.
     """
-    key = section_hash(
-        {"grpo": cfg.model_dump(), "start": start.fingerprint, "train": train.fingerprint, "round": round_index, "seed": seed}
-    )
-    out = stage_dir(run_dir, f"grpo-round{round_index}", key)
     reward_fns, weights = build_rewards(cfg.rewards)
-    tokenizer = load_tokenizer(start.path)
     dataset = load_split(train.require())
     if "completion" in dataset.column_names:  # the SFT target; TRL would pass it to rewards as a column
         dataset = dataset.remove_columns("completion")
-    run_tags = {
-        "stage": "grpo",
-        "round": str(round_index),
-        "parent_model": start.path,
-        "data_fingerprint": train.fingerprint,
-    }
-    with mlflow_run(run_dir, experiment, f"{recipe}-grpo-r{round_index}", run_tags) as run, tempfile.TemporaryDirectory() as scratch:
-        args = trl_grpo_args(cfg, model_cfg, scratch, seed + round_index, weights)
+
+    def build(common: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> GRPOTrainer:
         callbacks = []
         if held_out is not None and cfg.probe_problems:
             rows = pd.read_parquet(held_out.require()).head(cfg.probe_problems)
-            callbacks.append(
-                HeldOutAccuracyProbe(rows, tokenizer, cfg.probe_every_steps, cfg.max_completion_tokens, correctness_reward)
+            probe = HeldOutAccuracyProbe(
+                rows, tokenizer, cfg.probe_every_steps, cfg.max_completion_tokens, correctness_reward
             )
-        trainer = GRPOTrainer(
+            callbacks.append(probe)
+        return GRPOTrainer(
             model=start.path,
             reward_funcs=reward_fns,
-            args=args,
+            args=trl_grpo_args(cfg, common, weights),
             train_dataset=dataset,
             processing_class=tokenizer,
             callbacks=callbacks,
         )
-        result = trainer.train()
-        logger.info("GRPO round %d finished: %d steps", round_index, result.global_step)
-        return save_checkpoint(
-            trainer,
-            tokenizer,
-            out,
-            {"stage": "grpo", "round": round_index, "steps": result.global_step, "use_vllm": args.use_vllm},
-            run_id=run.info.run_id,
-            parent=start.path,
-            stage=f"grpo-r{round_index}",
-        )
+
+    return train_policy(
+        start, ctx, model_cfg, stage=f"grpo-r{round_index}", seed=ctx.seed + round_index, out=out,
+        tags={"stage": "grpo", "round": str(round_index), "data_fingerprint": train.fingerprint},
+        build=build, meta={"round": round_index},
+    )

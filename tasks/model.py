@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from grpo_pipeline.configs.schema import ModelConfig, section_hash
-from grpo_pipeline.tasks.common import Checkpoint, fingerprint_path, logger, stage_dir
+from grpo_pipeline.configs.schema import ModelConfig
+from grpo_pipeline.tasks.common import Checkpoint, fingerprint_path, logger
+from grpo_pipeline.tasks.stage import stage
 from grpo_pipeline.tasks.tiny_model import build_tiny_model
 
 
-def prepare_base_model(cfg: ModelConfig, run_dir: str, seed: int) -> Checkpoint:
-    """A Checkpoint for the configured base model, building the tiny model when `base` is 'tiny'."""
+def _local_base(params: Mapping[str, Any]) -> dict[str, str]:
+    """A local base model is keyed by its content, so a changed directory reruns everything after it."""
+    base = Path(params["cfg"].base)
+    return {"base": fingerprint_path(base)} if params["cfg"].base != "tiny" and base.is_dir() else {}
+
+
+@stage("base", external=_local_base)
+def prepare_base_model(cfg: ModelConfig, run_dir: str, seed: int, out: Path) -> Checkpoint:
+    """A Checkpoint for the configured base model, building the tiny model into `out` when `base` is 'tiny'."""
     if cfg.base == "tiny":
-        out = stage_dir(run_dir, "base", section_hash({"tiny": cfg.tiny.model_dump(), "seed": seed}))
-        if not (out / "config.json").exists():
-            build_tiny_model(cfg.tiny, out, seed)
-            logger.info("built the embedded tiny model in %s", out)
+        build_tiny_model(cfg.tiny, out, seed)
+        logger.info("built the embedded tiny model in %s", out)
         return Checkpoint(path=str(out), fingerprint=fingerprint_path(out), parent="tiny", stage="base")
     local = Path(cfg.base)
     if local.is_dir():

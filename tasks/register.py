@@ -17,6 +17,7 @@ from grpo_pipeline.configs.schema import RegistryConfig
 from grpo_pipeline.tasks.common import Checkpoint, logger
 from grpo_pipeline.tasks.curves import CURVE_ARTIFACT, PROBE_METRIC, learning_curve_figure, metric_history
 from grpo_pipeline.tasks.evaluate import EvalResult
+from grpo_pipeline.tasks.stage import RunContext, stage
 from grpo_pipeline.tasks.tracking import configure_mlflow
 
 GATING_TAG = "gating_value"
@@ -65,12 +66,15 @@ def _log_learning_curve(client: MlflowClient, policy: Checkpoint, result: EvalRe
     plt.close(fig)
 
 
+# The resolved config and the tags are logged, not keyed: a new version is registered only when the policy, its
+# scores or the registry settings change.
+@stage("register", unkeyed=("config_yaml", "tags"))
 def register_policy(
     policy: Checkpoint,
     result: EvalResult,
     baseline: EvalResult | None,
     cfg: RegistryConfig,
-    run_dir: str,
+    ctx: RunContext,
     config_yaml: str,
     tags: dict[str, str],
 ) -> Registration:
@@ -79,7 +83,7 @@ def register_policy(
         raise ValueError("only a trained policy (with an MLflow run) can be registered")
     value = _metric(result, cfg.gating_metric)
     path = policy.require()
-    configure_mlflow(run_dir, cfg.experiment)
+    configure_mlflow(ctx.run_dir, cfg.experiment)
     client = MlflowClient()
 
     with mlflow.start_run(run_id=policy.run_id):

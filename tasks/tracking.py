@@ -10,16 +10,18 @@ from pathlib import Path
 import mlflow
 
 
-def default_tracking_uri(run_dir: str | Path) -> str:
-    """SQLite store under the run directory; MLFLOW_TRACKING_URI overrides it."""
+def tracking_uri(run_dir: str | Path) -> str:
+    """MLFLOW_TRACKING_URI when set (e.g. a tracking server), else a SQLite store under the run directory."""
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
 
 
 def configure_mlflow(run_dir: str | Path, experiment: str) -> str:
-    """Point MLflow (and TRL's MLflow callback, which reads the environment) at the store; returns the experiment id."""
-    uri = default_tracking_uri(run_dir)
-    os.environ["MLFLOW_TRACKING_URI"] = uri
-    os.environ["MLFLOW_EXPERIMENT_NAME"] = experiment
+    """Point MLflow at the store and the experiment (created if new); returns the experiment id.
+
+    The process's tracking URI is set, not the environment: TRL's MLflow callback keeps a URI that is already set,
+    and two runs with different run directories in one process keep their own stores.
+    """
+    uri = tracking_uri(run_dir)
     mlflow.set_tracking_uri(uri)
     exp = mlflow.get_experiment_by_name(experiment)
     if exp is None:

@@ -1,18 +1,30 @@
-"""What SFT and GRPO share: hardware choices, dataset loading, and saving a finished checkpoint atomically."""
+"""The trainer scaffold that SFT and GRPO share: TRL's common arguments, the MLflow run, the atomic save.
+
+A training stage supplies only what differs: its dataset, its own TRL config fields and its trainer class
+(`build`). Everything else (scratch output directory, seed, precision, reporting to MLflow, saving model +
+tokenizer + meta.json atomically, the Checkpoint it returns) happens here once.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from datasets import Dataset
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, Trainer
 
 from grpo_pipeline.configs.schema import ModelConfig
-from grpo_pipeline.tasks.common import Checkpoint, atomic_dir, fingerprint_path
+from grpo_pipeline.tasks.common import Checkpoint, atomic_dir, fingerprint_path, logger
+from grpo_pipeline.tasks.stage import RunContext
+from grpo_pipeline.tasks.tracking import mlflow_run
+
+# build(common TRL arguments, tokenizer) -> a ready trainer
+TrainerFactory = Callable[[dict[str, Any], PreTrainedTokenizerBase], Trainer]
 
 
 def has_cuda() -> bool:
@@ -32,7 +44,7 @@ def precision_args(model_cfg: ModelConfig) -> dict[str, Any]:
     }
 
 
-def load_tokenizer(path: str):
+def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -46,11 +58,46 @@ def load_split(path: Path, columns: list[str] | None = None) -> Dataset:
     return ds
 
 
-def save_checkpoint(trainer, tokenizer, out: Path, meta: dict[str, Any], **fields: Any) -> Checkpoint:
-    """Save model + tokenizer + meta.json into `out` atomically and return its Checkpoint."""
-    with atomic_dir(out) as tmp:
-        trainer.save_model(str(tmp))
-        tokenizer.save_pretrained(str(tmp))
-        (tmp / "training_args.bin").unlink(missing_ok=True)  # a pickle of trainer args: not part of the model
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
-    return Checkpoint(path=str(out), fingerprint=fingerprint_path(out), **fields)
+def train_policy(
+    start: Checkpoint,
+    ctx: RunContext,
+    model_cfg: ModelConfig,
+    *,
+    stage: str,
+    seed: int,
+    out: Path,
+    tags: dict[str, str],
+    build: TrainerFactory,
+    meta: dict[str, Any] | None = None,
+) -> Checkpoint:
+    """Train from `start` in an MLflow run named `<recipe>-<stage>` and save the result atomically into `out`.
+
+    `tags` go on the MLflow run after the defaults (`stage`, `parent_model`), so a caller can refine them.
+
+    `build` gets the arguments every TRL config here shares (pass them on with the stage's own fields) and the
+    start checkpoint's tokenizer, and returns the trainer. TRL writes only to a scratch directory
+    (`save_strategy="no"`); the checkpoint appears in `out` complete or not at all.
+    """
+    tokenizer = load_tokenizer(start.path)
+    tags = {"stage": stage, "parent_model": start.path, **tags}
+    with mlflow_run(ctx.run_dir, ctx.experiment, f"{ctx.recipe}-{stage}", tags) as run, tempfile.TemporaryDirectory() as scratch:
+        common = {
+            "output_dir": scratch,
+            "save_strategy": "no",
+            "report_to": ["mlflow"],
+            "seed": seed,
+            "dataloader_num_workers": 0,
+            **precision_args(model_cfg),
+        }
+        trainer = build(common, tokenizer)
+        result = trainer.train()
+        logger.info("%s finished: %d steps, train loss %.4f", stage, result.global_step, result.training_loss)
+        meta = {"stage": stage, "steps": result.global_step, "train_loss": result.training_loss, **(meta or {})}
+        with atomic_dir(out) as tmp:
+            trainer.save_model(str(tmp))
+            tokenizer.save_pretrained(str(tmp))
+            (tmp / "training_args.bin").unlink(missing_ok=True)  # a pickle of trainer args: not part of the model
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+    return Checkpoint(
+        path=str(out), fingerprint=fingerprint_path(out), run_id=run.info.run_id, parent=start.path, stage=stage
+    )

@@ -13,6 +13,7 @@ from pandera.typing import Series
 
 from grpo_pipeline.configs.schema import DataConfig
 from grpo_pipeline.tasks.data import DatasetRefs
+from grpo_pipeline.tasks.stage import stage
 
 
 class DataValidationError(ValueError):
@@ -98,6 +99,7 @@ def validate_frames(train: pd.DataFrame, held_out: pd.DataFrame, cfg: DataConfig
         ) from None
 
 
+@stage("validate")
 def validate_data(refs: DatasetRefs, cfg: DataConfig) -> DatasetRefs:
     """Validate the prepared Parquet files; returns the same refs so the flow can chain on success."""
     validate_frames(pd.read_parquet(refs.train.require()), pd.read_parquet(refs.eval.require()), cfg)

@@ -62,6 +62,7 @@ def run_tiny_grpo(run_dir: Path) -> dict[str, list[float]]:
     from grpo_pipeline.tasks.grpo import grpo_train
     from grpo_pipeline.tasks.model import prepare_base_model
     from grpo_pipeline.tasks.sft import sft_warmup
+    from grpo_pipeline.tasks.stage import RunContext
 
     cfg = load_config(None, [*OVERRIDES, f"run_dir={run_dir}"])
     threads = torch.get_num_threads()
@@ -69,8 +70,9 @@ def run_tiny_grpo(run_dir: Path) -> dict[str, list[float]]:
     try:
         data = prepare_data(cfg.data, cfg.run_dir)
         base = prepare_base_model(cfg.model, cfg.run_dir, cfg.seed)
-        sft = sft_warmup(base, data.train, cfg.sft, cfg.model, cfg.run_dir, "golden", "golden", cfg.seed)
-        policy = grpo_train(sft, data.train, cfg.grpo, cfg.model, 1, cfg.run_dir, "golden", "golden", cfg.seed)
+        ctx = RunContext(run_dir=cfg.run_dir, experiment="golden", recipe="golden", seed=cfg.seed)
+        sft = sft_warmup(base, data.train, cfg.sft, cfg.model, ctx)
+        policy = grpo_train(sft, data.train, cfg.grpo, cfg.model, 1, ctx)
     finally:
         torch.set_num_threads(threads)
     client = mlflow.MlflowClient()

@@ -19,6 +19,7 @@ from grpo_pipeline.configs.schema import RegistryConfig
 from grpo_pipeline.tasks.common import Checkpoint
 from grpo_pipeline.tasks.evaluate import EvalResult
 from grpo_pipeline.tasks.register import register_policy
+from grpo_pipeline.tasks.stage import RunContext
 from grpo_pipeline.tasks.tracking import configure_mlflow
 
 
@@ -49,7 +50,8 @@ def result(run_dir: Path, accuracy: float) -> EvalResult:
 
 def register(run_dir: Path, name: str, accuracy: float, **cfg):
     config = RegistryConfig(experiment="test", model_name="m", **cfg)
-    return register_policy(fake_policy(run_dir, name), result(run_dir, accuracy), None, config, str(run_dir),
+    ctx = RunContext(run_dir=str(run_dir), experiment="test", recipe="test", seed=0)
+    return register_policy(fake_policy(run_dir, name), result(run_dir, accuracy), None, config, ctx,
                            "name: test\n", {"config_hash": "abc"})
 
 

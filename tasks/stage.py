@@ -1,0 +1,216 @@
+"""One key per stage, computed once: Prefect's cache key and the stage's output directory are the same hash.
+
+A stage's key covers everything that can change its result:
+  - its inputs: the config section and the fingerprinted artifacts (`Ref`s) it takes, as JSON;
+  - the project code it runs: the source of its module and of every `grpo_pipeline` module that module imports,
+    transitively (an edit to a reward or to the trainer scaffold reruns the stages that use it, and only those),
+    plus the versions of the libraries that do the numerical work;
+  - what it reads from outside its arguments: the source of the user's own code it calls (the modules behind
+    dotted-path rewards, `my_rewards:fn`), the content of a local base-model directory.
+
+`@stage("folder")` turns a plain function `fn(..., out: Path)` into one that computes its key and output directory
+`<run_dir>/<folder>/<key[:12]>` from its arguments, and exposes the same key to Prefect (`fn.stage.cache_key`),
+so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import importlib.util
+import inspect
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+from pydantic_core import to_jsonable_python
+
+PACKAGE = "grpo_pipeline"
+SUBPACKAGES = ("configs", "flows", "tasks", "rewards")
+# The libraries whose version changes what a stage computes.
+LIBRARIES = ("torch", "transformers", "trl", "tokenizers", "datasets", "accelerate", "math-verify", "peft")
+
+R = TypeVar("R")
+
+
+class RunContext(BaseModel):
+    """What every training stage needs besides its own config section: where to write and how to name runs."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_dir: str
+    experiment: str
+    recipe: str
+    seed: int
+
+
+def digest(value: Any) -> str:
+    """sha256 of the canonical JSON of `value` (pydantic models and paths included)."""
+    return hashlib.sha256(json.dumps(to_jsonable_python(value), sort_keys=True).encode()).hexdigest()
+
+
+# ----------------------------------------------------------------------------- the project's code
+
+
+@functools.cache
+def package_modules() -> dict[str, Path]:
+    """Every module of the installed `grpo_pipeline` namespace -> its source file."""
+    modules: dict[str, Path] = {}
+    for package in (PACKAGE, *(f"{PACKAGE}.{s}" for s in SUBPACKAGES)):
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError(f"{package} is not installed; reinstall the project (make install)")
+        for root in spec.submodule_search_locations:
+            for file in sorted(Path(root).glob("*.py")):
+                name = package if file.stem == "__init__" else f"{package}.{file.stem}"
+                modules[name] = file
+    return modules
+
+
+def _imported(module: str, file: Path, known: Mapping[str, Path]) -> set[str]:
+    """The package's modules that `module` imports (absolute or relative, including `from pkg import submodule`)."""
+    is_package = file.stem == "__init__"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(file.read_text(), str(file))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = module.split(".")
+                parent = parent[: len(parent) - node.level + (1 if is_package else 0)]
+                base = ".".join([*parent, base] if base else parent)
+            names = [base, *(f"{base}.{a.name}" for a in node.names)]
+        else:
+            continue
+        for name in names:
+            # `import grpo_pipeline.tasks.sft` also runs the packages above it
+            parts = name.split(".")
+            found |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & known.keys()
+    return found
+
+
+@functools.cache
+def code_version(module: str) -> str:
+    """Hash of `module`'s source, of every package module it imports transitively, and of the library versions."""
+    known = package_modules()
+    closure, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        if name in closure or name not in known:
+            continue
+        closure.add(name)
+        todo.extend(_imported(name, known[name], known))
+    h = hashlib.sha256()
+    for name in sorted(closure):
+        h.update(name.encode() + b"\0" + known[name].read_bytes() + b"\0")
+    h.update(json.dumps(library_versions(), sort_keys=True).encode())
+    return h.hexdigest()
+
+
+@functools.cache
+def library_versions() -> dict[str, str]:
+    versions = {}
+    for lib in LIBRARIES:
+        try:
+            versions[lib] = version(lib)
+        except PackageNotFoundError:
+            versions[lib] = "absent"
+    return versions
+
+
+# ----------------------------------------------------------------------------- the user's code
+
+
+def user_code(names: Iterable[str]) -> dict[str, str]:
+    """`{dotted path: source fingerprint}` for the user-code paths among `names` (built-in names have no ':')."""
+    return {n: user_code_fingerprint(n) for n in sorted(set(names)) if ":" in n}
+
+
+def user_code_fingerprint(dotted: str) -> str:
+    """Hash of the source behind a user's `module:attr` path (every .py file when the module is a package).
+
+    A module that cannot be found keys as such; the stage itself then fails with the import error.
+    """
+    module = dotted.partition(":")[0]
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or spec.origin is None or not Path(spec.origin).is_file():
+        return f"unresolved:{dotted}"
+    origin = Path(spec.origin)
+    files = sorted(origin.parent.rglob("*.py")) if origin.name == "__init__.py" else [origin]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f.relative_to(origin.parent)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------- the stage decorator
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """How one stage is keyed: its name, output folder (a format string over its arguments), the arguments left
+    out of the key, and the fingerprints of what it reads from outside its arguments."""
+
+    name: str
+    folder: str
+    module: str
+    unkeyed: frozenset[str]
+    external: Callable[[Mapping[str, Any]], Mapping[str, str]]
+
+    def key(self, params: Mapping[str, Any]) -> str:
+        keyed = {k: v for k, v in params.items() if k not in self.unkeyed}
+        return digest(
+            {"stage": self.name, "inputs": keyed, "code": code_version(self.module), "external": self.external(params)}
+        )
+
+    def out_dir(self, params: Mapping[str, Any]) -> Path:
+        run_dir = params["ctx"].run_dir if "ctx" in params else params["run_dir"]
+        return Path(run_dir) / self.folder.format(**params) / self.key(params)[:12]
+
+    def cache_key(self, context: Any, params: Mapping[str, Any]) -> str:
+        """Prefect's `cache_key_fn`."""
+        return self.key(params)
+
+
+def stage(
+    folder: str | None = None,
+    *,
+    unkeyed: Iterable[str] = (),
+    external: Callable[[Mapping[str, Any]], Mapping[str, str]] = lambda params: {},
+) -> Callable[[Callable[..., R]], Callable[..., R]]:
+    """Make `fn` a stage: callers leave out `out`, which is filled with the stage's keyed output directory.
+
+    `unkeyed` names arguments that are recorded but do not change the result (e.g. tags to log); `external` maps
+    the arguments to fingerprints of what the stage reads besides them (`user_code(...)` for the user's modules).
+    A stage without an `out` parameter (it writes nothing of its own) is keyed all the same.
+    """
+
+    def deco(fn: Callable[..., R]) -> Callable[..., R]:
+        sig = inspect.signature(fn)
+        takes_out = "out" in sig.parameters
+        public = sig.replace(parameters=[p for name, p in sig.parameters.items() if name != "out"])
+        spec = StageSpec(fn.__name__, folder or fn.__name__, fn.__module__, frozenset(unkeyed), external)
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> R:
+            bound = public.bind(*args, **kwargs)
+            bound.apply_defaults()
+            params = dict(bound.arguments)
+            if takes_out:
+                params["out"] = spec.out_dir(params)
+            return fn(**params)
+
+        run.__signature__ = public  # type: ignore[attr-defined]
+        run.stage = spec  # type: ignore[attr-defined]
+        return run
+
+    return deco
