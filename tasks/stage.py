@@ -95,9 +95,8 @@ def _imported(module: str, file: Path, known: Mapping[str, Path]) -> set[str]:
     return found
 
 
-@functools.cache
-def code_version(module: str) -> str:
-    """Hash of `module`'s source, of every package module it imports transitively, and of the library versions."""
+def module_closure(module: str) -> set[str]:
+    """`module` and every package module it imports, transitively."""
     known = package_modules()
     closure, todo = set(), [module]
     while todo:
@@ -106,8 +105,15 @@ def code_version(module: str) -> str:
             continue
         closure.add(name)
         todo.extend(_imported(name, known[name], known))
+    return closure
+
+
+@functools.cache
+def code_version(module: str) -> str:
+    """Hash of the source of `module_closure(module)` and of the library versions."""
+    known = package_modules()
     h = hashlib.sha256()
-    for name in sorted(closure):
+    for name in sorted(module_closure(module)):
         h.update(name.encode() + b"\0" + known[name].read_bytes() + b"\0")
     h.update(json.dumps(library_versions(), sort_keys=True).encode())
     return h.hexdigest()

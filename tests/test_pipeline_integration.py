@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from tests.helpers import cli_env, micro_overrides, run_cli
+from tests.helpers import ROOT, cli_env, micro_overrides, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -146,3 +149,22 @@ def test_iterative_rounds_start_from_the_last_policy(tmp_path):
     assert Path(second.tags["parent_model"]).parent == runs / "grpo-round1"
     assert (first.tags["round"], second.tags["round"]) == ("1", "2")
     assert "kl" in second.metrics  # the reference model took part in round 2
+
+
+def test_flow_runs_from_python_without_the_cli(tmp_path):
+    """The flow applies the process defaults itself (as a Prefect worker would need): plain Python is enough."""
+    script = textwrap.dedent(f"""
+        from grpo_pipeline.configs.schema import load_config
+        from grpo_pipeline.flows.grpo_pipeline import grpo_pipeline
+
+        cfg = load_config({str(ROOT / "configs/tiny-arith.yaml")!r}, {micro_overrides(tmp_path / "runs")!r})
+        summary = grpo_pipeline(config=cfg)
+        print("REGISTERED", summary.registrations[0].version)
+    """)
+    env = cli_env(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "REGISTERED 1" in proc.stdout
+    # the pipeline's own logger reached the output through the flow's setup (logging was never configured here)
+    assert "grpo_pipeline" in proc.stderr and "eval r1: accuracy" in proc.stderr

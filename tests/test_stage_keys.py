@@ -1,0 +1,203 @@
+"""One key per stage: which edit (config field, project code, user code) reruns which stages.
+
+The table test chains the stages' real keys the way the flow does: each stage's output fingerprint is taken to
+change exactly when its key does (a rerun writes a new result), so an edit reruns its stage and everything
+downstream of it, and nothing else.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from grpo_pipeline.configs.schema import load_config
+from grpo_pipeline.tasks import stage as stage_mod
+from grpo_pipeline.tasks.common import Checkpoint, Ref
+from grpo_pipeline.tasks.data import DatasetRefs, prepare_data
+from grpo_pipeline.tasks.evaluate import EvalResult, evaluate
+from grpo_pipeline.tasks.grpo import grpo_train
+from grpo_pipeline.tasks.model import prepare_base_model
+from grpo_pipeline.tasks.register import register_policy
+from grpo_pipeline.tasks.sft import sft_warmup
+from grpo_pipeline.tasks.stage import RunContext, code_version, module_closure, user_code
+from grpo_pipeline.tasks.validate import validate_data
+
+ROOT = Path(__file__).resolve().parents[1]
+ALL = ["data", "validate", "base", "sft", "eval-sft", "grpo-r1", "eval-r1", "register-r1"]
+NOT_BASE = [s for s in ALL if s != "base"]  # the base model does not depend on the data
+
+
+def stage_keys(overrides: list[str], run_dir: str = "/tmp/runs") -> dict[str, str]:
+    """Every stage's key for a config, with each output's fingerprint derived from its stage's key."""
+    cfg = load_config(ROOT / "configs/tiny-arith.yaml", [f"run_dir={run_dir}", "grpo.rounds=1", *overrides])
+    ctx = RunContext(run_dir=cfg.run_dir, experiment=cfg.registry.experiment, recipe=cfg.name, seed=cfg.seed)
+    keys: dict[str, str] = {}
+
+    def key(name: str, fn, /, *args, **kwargs) -> str:
+        params = fn.__signature__.bind(*args, **kwargs)
+        params.apply_defaults()
+        keys[name] = fn.stage.key(params.arguments)
+        return keys[name]
+
+    k = key("data", prepare_data, cfg.data, cfg.run_dir)
+    data = DatasetRefs(train=Ref(path="train", fingerprint=f"train-{k}"), eval=Ref(path="eval", fingerprint=f"eval-{k}"))
+    key("validate", validate_data, data, cfg.data)
+    base = Checkpoint(path="base", fingerprint=key("base", prepare_base_model, cfg.model, cfg.run_dir, cfg.seed))
+    sft = Checkpoint(path="sft", fingerprint=key("sft", sft_warmup, base, data.train, cfg.sft, cfg.model, ctx))
+    baseline = fake_result(key("eval-sft", evaluate, sft, data.eval, cfg.eval, ctx, label="sft"))
+    policy = Checkpoint(
+        path="r1",
+        fingerprint=key("grpo-r1", grpo_train, sft, data.train, cfg.grpo, cfg.model, 1, ctx, held_out=data.eval,
+                        correctness_reward=cfg.eval.correctness_reward),
+        run_id="run",
+    )
+    result = fake_result(key("eval-r1", evaluate, policy, data.eval, cfg.eval, ctx, label="r1"))
+    key("register-r1", register_policy, policy, result, baseline, cfg.registry, ctx, cfg.to_yaml(), {"t": cfg.name})
+    return keys
+
+
+def fake_result(key: str) -> EvalResult:
+    return EvalResult(model=key, accuracy=0.5, pass_at_k={"1": 0.5}, num_problems=1, n_samples=1, temperature=1.0,
+                      top_p=1.0, max_new_tokens=1, details_path=key)
+
+
+def rerun(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    return [s for s in before if before[s] != after[s]]
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("data.num_train=4000", NOT_BASE),
+        ("data.synthetic.teacher_carry_slip=0.25", NOT_BASE),
+        ("model.dtype=bfloat16", ALL[2:]),  # once shared a directory with the float32 model
+        ("model.tiny.num_layers=2", ALL[2:]),
+        ("seed=1", ALL[2:]),  # data has its own seed (data.seed)
+        ("sft.learning_rate=1e-3", ALL[3:]),
+        ("grpo.learning_rate=3e-4", ["grpo-r1", "eval-r1", "register-r1"]),
+        ("grpo.rewards=[{name: correctness}]", ["grpo-r1", "eval-r1", "register-r1"]),
+        ("eval.n_samples=16", ["eval-sft", "eval-r1", "register-r1"]),
+        ("eval.correctness_reward=digit_match", ["eval-sft", "grpo-r1", "eval-r1", "register-r1"]),  # GRPO's probe
+        ("registry.model_name=other", ["register-r1"]),
+        ("registry.min_improvement=0.01", ["register-r1"]),
+        ("registry.experiment=other", ALL[3:]),  # the MLflow runs move to another experiment
+        ("name=renamed", ALL[3:]),  # MLflow run names
+        ("run_dir=/tmp/elsewhere", ALL),
+    ],
+)
+def test_config_edit_reruns_exactly(override: str, expected: list[str]) -> None:
+    assert rerun(stage_keys([]), stage_keys([override])) == expected
+
+
+def test_unchanged_config_keeps_every_key() -> None:
+    assert stage_keys([]) == stage_keys([])
+
+
+def test_where_the_recipe_lives_changes_no_key() -> None:
+    # code_dir only says where to import the user's modules from; their source is keyed, not their location
+    assert stage_keys(["code_dir=/somewhere/else"]) == stage_keys([])
+
+
+def test_output_directory_is_named_by_the_key(tmp_path: Path) -> None:
+    cfg = load_config(None, [f"run_dir={tmp_path}"])
+    refs = prepare_data(cfg.data, cfg.run_dir)
+    key = prepare_data.stage.key({"cfg": cfg.data, "run_dir": cfg.run_dir})
+    assert Path(refs.train.path).parent == tmp_path / "data" / key[:12]
+
+
+# ----------------------------------------------------------------------------- project code
+
+
+@pytest.mark.parametrize(
+    ("stage_module", "uses", "does_not_use"),
+    [
+        ("grpo_pipeline.tasks.data", ["grpo_pipeline.configs.schema", "grpo_pipeline.tasks.common"],
+         ["grpo_pipeline.rewards.format", "grpo_pipeline.tasks.training"]),
+        ("grpo_pipeline.tasks.sft", ["grpo_pipeline.tasks.training", "grpo_pipeline.tasks.tracking"],
+         ["grpo_pipeline.rewards.format", "grpo_pipeline.tasks.evaluate"]),
+        ("grpo_pipeline.tasks.grpo", ["grpo_pipeline.tasks.training", "grpo_pipeline.rewards.format",
+                                      "grpo_pipeline.rewards.sandbox", "grpo_pipeline.rewards._harness"], []),
+        ("grpo_pipeline.tasks.evaluate", ["grpo_pipeline.rewards.math", "grpo_pipeline.tasks.metrics"],
+         ["grpo_pipeline.tasks.sft", "grpo_pipeline.tasks.grpo", "grpo_pipeline.tasks.register"]),
+    ],
+)
+def test_stage_code_covers_what_the_stage_imports(stage_module: str, uses: list[str], does_not_use: list[str]):
+    closure = module_closure(stage_module)
+    assert set(uses) <= closure, set(uses) - closure
+    assert not set(does_not_use) & closure
+
+
+def test_editing_a_module_changes_the_code_version_of_its_importers_only(tmp_path, monkeypatch):
+    files = {
+        "grpo_pipeline.tasks.a": "from grpo_pipeline.tasks import b\n",
+        "grpo_pipeline.tasks.b": "from .c import helper\n",
+        "grpo_pipeline.tasks.c": "def helper():\n    return 1\n",
+        "grpo_pipeline.tasks.d": "import grpo_pipeline.tasks.b\n",
+        "grpo_pipeline.tasks.e": "x = 1\n",
+    }
+    paths = {}
+    for name, text in files.items():
+        paths[name] = tmp_path / f"{name.rsplit('.', 1)[1]}.py"
+        paths[name].write_text(text)
+    monkeypatch.setattr(stage_mod, "package_modules", lambda: paths)
+
+    def versions() -> dict[str, str]:
+        code_version.cache_clear()
+        return {name.rsplit(".", 1)[1]: code_version(name) for name in files}
+
+    before = versions()
+    paths["grpo_pipeline.tasks.c"].write_text("def helper():\n    return 2\n")
+    after = versions()
+    code_version.cache_clear()
+    assert [m for m in before if before[m] != after[m]] == ["a", "b", "c", "d"]
+
+
+# ----------------------------------------------------------------------------- user code
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch) -> Path:
+    """A user's own `my_rewards.py` on the import path."""
+    path = tmp_path / "my_rewards.py"
+    path.write_text("def score(prompts, completions, **kw):\n    return [1.0 for _ in completions]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return path
+
+
+def test_editing_a_user_reward_reruns_only_the_stages_that_call_it(user_module: Path):
+    override = "grpo.rewards=[{name: 'my_rewards:score'}]"
+    before = stage_keys([override])
+    user_module.write_text(textwrap.dedent("""\
+        def score(prompts, completions, **kw):
+            return [0.5 for _ in completions]
+    """))
+    assert rerun(before, stage_keys([override])) == ["grpo-r1", "eval-r1", "register-r1"]
+
+
+def test_user_correctness_reward_keys_evaluation_too(user_module: Path):
+    override = "eval.correctness_reward=my_rewards:score"
+    before = stage_keys([override])
+    user_module.write_text(user_module.read_text() + "\n# edited\n")
+    assert rerun(before, stage_keys([override])) == ["eval-sft", "grpo-r1", "eval-r1", "register-r1"]
+
+
+def test_user_code_fingerprints_only_dotted_paths(user_module: Path):
+    prints = user_code(["correctness", "my_rewards:score", "missing_module_xyz:fn"])
+    assert set(prints) == {"my_rewards:score", "missing_module_xyz:fn"}
+    assert prints["missing_module_xyz:fn"] == "unresolved:missing_module_xyz:fn"
+    assert len(prints["my_rewards:score"]) == 64
+
+
+def test_a_package_user_module_is_hashed_whole(tmp_path, monkeypatch):
+    pkg = tmp_path / "team_rewards"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from .inner import score\n")
+    (pkg / "inner.py").write_text("def score(prompts, completions, **kw):\n    return [1.0] * len(completions)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = user_code(["team_rewards:score"])
+    (pkg / "inner.py").write_text("def score(prompts, completions, **kw):\n    return [0.0] * len(completions)\n")
+    assert user_code(["team_rewards:score"]) != before
+    sys.modules.pop("team_rewards", None)
