@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -13,6 +13,9 @@ from rich.table import Table
 
 from grpo_pipeline.configs.schema import ConfigError, load_config
 from grpo_pipeline.runtime import setup
+
+if TYPE_CHECKING:  # the reward modules import their libraries; load them only when a command needs them
+    from grpo_pipeline.rewards.registry import RewardFn
 
 rewards_app = typer.Typer(help="Score completions with rewards, outside training.", no_args_is_help=True)
 console = Console(stderr=True)
@@ -61,11 +64,24 @@ def score(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Score every row with every reward; print per-reward mean/std/min/max."""
+    if (config is None) == (rewards is None):
+        raise typer.BadParameter("give exactly one of --config and --rewards")
+    fns = _build_rewards(config, rewards, verbose)
+    rows = _read_rows(input)
+    table = _score_rows(fns, rows, input)
+    if output is not None:
+        with output.open("w") as fh:
+            for row in rows:
+                fh.write(json.dumps(row) + "\n")
+        console.print(f"wrote {len(rows)} scored rows to {output}")
+    Console().print(table)
+
+
+def _build_rewards(config: Path | None, names: str | None, verbose: bool) -> list[RewardFn]:
+    """The rewards of a recipe (with its params) or of a comma-separated list of names (default params)."""
     from grpo_pipeline.rewards import build_reward
     from grpo_pipeline.rewards.registry import RewardError
 
-    if (config is None) == (rewards is None):
-        raise typer.BadParameter("give exactly one of --config and --rewards")
     if config is not None:
         try:
             cfg = load_config(config)
@@ -76,20 +92,21 @@ def score(
         specs = [(s.name, dict(s.params)) for s in cfg.grpo.rewards]
     else:
         setup(verbose=verbose)
-        specs = [(name.strip(), {}) for name in rewards.split(",") if name.strip()]
+        specs = [(name.strip(), {}) for name in (names or "").split(",") if name.strip()]
     try:
-        fns = [build_reward(name, params) for name, params in specs]
+        return [build_reward(name, params) for name, params in specs]
     except RewardError as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
 
-    rows = _read_rows(input)
+
+def _score_rows(fns: list[RewardFn], rows: list[dict[str, Any]], origin: Path) -> Table:
+    """Add one field per reward to every row; return the table of per-reward statistics."""
     prompts = [r.get("prompt") for r in rows]
     completions = [r["completion"] for r in rows]
     keys = sorted({k for r in rows for k in r} - {"prompt", "completion"})
     columns = {k: [r.get(k) for r in rows] for k in keys}
-
-    table = Table(title=f"rewards on {input} ({len(rows)} rows)")
+    table = Table(title=f"rewards on {origin} ({len(rows)} rows)")
     for col in ("reward", "scored", "None", "mean", "std", "min", "max"):
         table.add_column(col, justify="left" if col == "reward" else "right")
     fields: list[str] = []
@@ -102,16 +119,11 @@ def score(
             try:
                 scores = fn(prompts=prompts, completions=completions, **columns)
             except (TypeError, ValueError, KeyError) as e:  # e.g. a column the reward needs is missing
-                console.print(f"[red]error:[/red] reward {field!r} failed on {input}: {type(e).__name__}: {e}")
+                console.print(f"[red]error:[/red] reward {field!r} failed on {origin}: {type(e).__name__}: {e}")
                 raise typer.Exit(1) from None
         for row, s in zip(rows, scores, strict=True):
             row[field] = s
         st = summarize(scores)
-        fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
-        table.add_row(field, str(st["n"]), str(st["none"]), *(fmt(st[k]) for k in ("mean", "std", "min", "max")))
-    if output is not None:
-        with output.open("w") as fh:
-            for row in rows:
-                fh.write(json.dumps(row) + "\n")
-        console.print(f"wrote {len(rows)} scored rows to {output}")
-    Console().print(table)
+        cells = ("-" if st[k] is None else f"{st[k]:.4f}" for k in ("mean", "std", "min", "max"))
+        table.add_row(field, str(st["n"]), str(st["none"]), *cells)
+    return table

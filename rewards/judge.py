@@ -41,6 +41,27 @@ def parse_score(reply: str, max_score: float) -> float | None:
     return value / max_score
 
 
+def _chat(client: httpx.Client, url: str, body: dict[str, Any], headers: dict[str, str], retries: int) -> str | None:
+    """The reply text of one chat request, retried with backoff on connection errors, timeouts, 429 and 5xx; None
+    (logged) when it still fails."""
+    for attempt in range(retries + 1):
+        try:
+            r = client.post(url, json=body, headers=headers)
+            if r.status_code == 429 or r.status_code >= 500:
+                raise httpx.HTTPStatusError(f"HTTP {r.status_code}", request=r.request, response=r)
+            r.raise_for_status()
+            return r.json()["choices"][0]["message"]["content"] or ""
+        except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
+            retryable = not isinstance(e, httpx.HTTPStatusError) or e.response.status_code in (429,) or \
+                e.response.status_code >= 500
+            if attempt < retries and retryable:
+                time.sleep(min(0.2 * 2**attempt, 2.0))
+                continue
+            logger.warning("judge request failed after %d attempt(s): %s; scoring None", attempt + 1, e)
+            return None
+    return None
+
+
 @register("judge")
 def judge_reward(
     base_url: str,
@@ -79,26 +100,13 @@ def judge_reward(
             "temperature": temperature,
             "max_tokens": max_tokens,
         }
-        for attempt in range(retries + 1):
-            try:
-                r = client.post(url, json=body, headers=headers)
-                if r.status_code == 429 or r.status_code >= 500:
-                    raise httpx.HTTPStatusError(f"HTTP {r.status_code}", request=r.request, response=r)
-                r.raise_for_status()
-                reply = r.json()["choices"][0]["message"]["content"] or ""
-            except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
-                retryable = not isinstance(e, httpx.HTTPStatusError) or e.response.status_code in (429,) or \
-                    e.response.status_code >= 500
-                if attempt < retries and retryable:
-                    time.sleep(min(0.2 * 2**attempt, 2.0))
-                    continue
-                logger.warning("judge request failed after %d attempt(s): %s; scoring None", attempt + 1, e)
-                return None
-            score = parse_score(reply, max_score)
-            if score is None:
-                logger.warning("judge reply has no valid 'SCORE: x' (0..%s): %r; scoring None", max_score, reply[-200:])
-            return score
-        return None
+        reply = _chat(client, url, body, headers, retries)
+        if reply is None:
+            return None
+        score = parse_score(reply, max_score)
+        if score is None:
+            logger.warning("judge reply has no valid 'SCORE: x' (0..%s): %r; scoring None", max_score, reply[-200:])
+        return score
 
     def judge(prompts, completions, answer=None, **kwargs) -> list[float | None]:
         references = list(answer) if answer is not None else [None] * len(completions)

@@ -8,17 +8,15 @@ same run as `plots/learning_curve.png`.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import matplotlib
 
 matplotlib.use("Agg")  # no display on workers and CI
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-from transformers import TrainerCallback  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
+from transformers import TrainerCallback
 
-from grpo_pipeline.rewards import build_reward  # noqa: E402
-from grpo_pipeline.tasks.evaluate import generate, score_completions  # noqa: E402
+from grpo_pipeline.rewards import build_reward
+from grpo_pipeline.tasks.evaluate import generate, score_completions
 
 PROBE_METRIC = "probe/greedy_accuracy"
 CURVE_ARTIFACT = "plots/learning_curve.png"
@@ -104,10 +102,3 @@ def metric_history(client, run_id: str, keys: list[str]) -> dict[str, list[tuple
     """[(step, value)] per metric key of an MLflow run (missing keys give empty lists)."""
     return {k: [(m.step, m.value) for m in client.get_metric_history(run_id, k)] for k in keys}
 
-
-def save_learning_curve(fig, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path

@@ -41,10 +41,6 @@ class EvalResult(BaseModel):
         out.update({f"{prefix}pass_at_{k}": v for k, v in self.pass_at_k.items()})
         return out
 
-    def greedy_correct(self) -> list[int]:
-        """Per-problem greedy correctness (0/1), in eval order, for paired comparisons."""
-        return json.loads(Path(self.details_path).read_text())["greedy_correct"]
-
 
 @torch.no_grad()
 def generate(

@@ -8,6 +8,8 @@ leaves no partial version behind.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import mlflow
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
@@ -85,7 +87,21 @@ def register_policy(
     path = policy.require()
     configure_mlflow(ctx.run_dir, cfg.experiment)
     client = MlflowClient()
+    source = _log_policy_run(client, policy, path, result, baseline, config_yaml, tags)
+    return _create_gated_version(client, cfg, policy.run_id, source, value, tags)
 
+
+def _log_policy_run(
+    client: MlflowClient,
+    policy: Checkpoint,
+    path: Path,
+    result: EvalResult,
+    baseline: EvalResult | None,
+    config_yaml: str,
+    tags: dict[str, str],
+) -> str:
+    """Scores, eval settings, config, eval details, learning curve and model files on the policy's run; returns
+    the model's artifact URI."""
     with mlflow.start_run(run_id=policy.run_id):
         mlflow.log_metrics(result.metrics("eval/"))
         if baseline is not None:
@@ -99,15 +115,20 @@ def register_policy(
         _log_learning_curve(client, policy, result, baseline)
         mlflow.set_tags(tags)
         mlflow.log_artifacts(str(path), "model")
-        source = f"{mlflow.get_artifact_uri('model')}"
+        return mlflow.get_artifact_uri("model")
 
+
+def _create_gated_version(
+    client: MlflowClient, cfg: RegistryConfig, run_id: str, source: str, value: float, tags: dict[str, str]
+) -> Registration:
+    """A new version of `cfg.model_name` that takes `champion` if it beats the current one, else `challenger`."""
     try:
         client.create_registered_model(cfg.model_name)
     except MlflowException as e:
         if "RESOURCE_ALREADY_EXISTS" not in str(e.error_code):
             raise
     previous, previous_value = _current_champion(client, cfg.model_name)
-    mv = client.create_model_version(cfg.model_name, source=source, run_id=policy.run_id, tags={**tags, GATING_TAG: str(value)})
+    mv = client.create_model_version(cfg.model_name, source=source, run_id=run_id, tags={**tags, GATING_TAG: str(value)})
     try:
         wins = previous_value is None or value > previous_value + cfg.min_improvement
         registration = Registration(
@@ -118,7 +139,7 @@ def register_policy(
             gating_value=value,
             previous_champion=previous,
             previous_champion_value=previous_value,
-            run_id=policy.run_id,
+            run_id=run_id,
         )
         client.set_registered_model_alias(cfg.model_name, registration.alias, mv.version)
     except BaseException:

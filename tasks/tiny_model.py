@@ -56,6 +56,3 @@ def build_tiny_model(cfg: TinyModelConfig, out_dir: str | Path, seed: int) -> Pa
         tokenizer.save_pretrained(tmp)
     return Path(out_dir)
 
-
-def count_parameters(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())

@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from grpo_pipeline.tasks.curves import PROBE_METRIC, greedy_accuracy, learning_curve_figure, save_learning_curve
+from grpo_pipeline.tasks.curves import PROBE_METRIC, greedy_accuracy, learning_curve_figure
 from grpo_pipeline.rewards import build_reward
 
 
@@ -19,8 +19,8 @@ def test_learning_curve_has_every_series_and_the_sft_baseline(tmp_path):
     assert any(label.startswith("greedy accuracy, held-out probe") for label in labels)
     baseline = next(line for line in fig.axes[0].get_lines() if line.get_label().startswith("SFT"))
     assert list(baseline.get_ydata()) == [0.31, 0.31]
-    path = save_learning_curve(fig, tmp_path / "curve.png")
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    fig.savefig(tmp_path / "curve.png")
+    assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_learning_curve_without_probe_or_baseline():
