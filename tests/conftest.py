@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from grpo_pipeline.runtime import setup
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
-# Settings Prefect reads at import time: isolate them before anything imports prefect.
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The process defaults every way in applies, before anything imports prefect; Prefect's state goes to a temporary
+# directory, never the project's .prefect (tests that run the CLI give each subprocess its own).
+if "PREFECT_HOME" not in os.environ:
+    os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="grpo-tests-prefect-")
+    atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], True)
+setup()
 
 
 @pytest.fixture
