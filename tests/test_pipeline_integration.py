@@ -1,7 +1,8 @@
 """The whole flow on a micro config, run through the CLI in fresh processes as users run it.
 
-One module-scoped store (Prefect home, run dir, MLflow SQLite) is shared by the runs in order: a cold run, a
-fully cached rerun, then a changed `grpo.*` value that must rerun only the GRPO side.
+One module-scoped store (Prefect home, run dir, MLflow SQLite) starts with a cold run (the `cold` fixture); the
+tests after it rerun on that store: a fully cached rerun, a changed `grpo.*` value that must rerun only the GRPO
+side, `--refresh`. Each test asserts only what its own run changed, so each also runs alone (`-k name`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ def store(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("pipeline")
 
 
+@pytest.fixture(scope="module")
+def cold(store: Path) -> dict:
+    """The summary of the store's first (cold) run."""
+    return run_pipeline(store, "cold")
+
+
 def run_pipeline(store: Path, name: str, *extra: str) -> dict:
     summary = store / f"{name}.json"
     args = ["run", "--config", "configs/tiny-arith.yaml", "--summary-json", str(summary), *micro_overrides(store / "runs"),
@@ -48,8 +55,12 @@ def states(summary: dict) -> dict[str, bool]:
     return {s["stage"]: s["cached"] for s in summary["stages"]}
 
 
-def test_cold_run_trains_evaluates_and_registers(store):
-    summary = run_pipeline(store, "cold")
+def versions(store: Path) -> int:
+    return len(client_for(store).search_model_versions(f"name='{MODEL_NAME}'"))
+
+
+def test_cold_run_trains_evaluates_and_registers(store, cold):
+    summary = cold
     assert not any(states(summary).values()), states(summary)
     assert list(states(summary)) == [
         "prepare_data", "validate_data", "base_model", "sft_warmup", "evaluate-sft", "grpo_train-r1", "evaluate-r1",
@@ -83,29 +94,31 @@ def test_cold_run_trains_evaluates_and_registers(store):
     assert "register-r1" in artifacts[0][1] and MODEL_NAME in artifacts[0][1]
 
 
-def test_unchanged_rerun_is_fully_cached(store):
+def test_unchanged_rerun_is_fully_cached(store, cold):
+    before = versions(store)
     summary = run_pipeline(store, "warm")
     assert all(states(summary).values()), states(summary)
-    # nothing new was registered
-    assert len(client_for(store).search_model_versions(f"name='{MODEL_NAME}'")) == 1
+    assert versions(store) == before  # nothing new was registered
 
 
-def test_changed_grpo_value_reruns_only_the_grpo_side(store):
+def test_changed_grpo_value_reruns_only_the_grpo_side(store, cold):
+    before = versions(store)
+    champion = str(client_for(store).get_model_version_by_alias(MODEL_NAME, "champion").version)
     summary = run_pipeline(store, "grpo-changed", "grpo.learning_rate=3e-4")
     cached = states(summary)
     assert {s for s, c in cached.items() if not c} == GRPO_SIDE, cached
     reg = summary["registrations"][0]
-    assert reg["version"] == "2" and reg["alias"] in ("champion", "challenger")
-    assert reg["previous_champion"] == "1"
+    assert reg["version"] == str(before + 1) and reg["alias"] in ("champion", "challenger")
+    assert reg["previous_champion"] == champion
     client = client_for(store)
-    aliases = {v: list(client.get_model_version(MODEL_NAME, v).aliases) for v in ("1", "2")}
+    aliases = {v: list(client.get_model_version(MODEL_NAME, v).aliases) for v in (champion, reg["version"])}
     if reg["alias"] == "champion":  # the alias moved to the better version
-        assert aliases == {"1": [], "2": ["champion"]}
+        assert aliases == {champion: [], reg["version"]: ["champion"]}
     else:
-        assert aliases == {"1": ["champion"], "2": ["challenger"]}
+        assert aliases == {champion: ["champion"], reg["version"]: ["challenger"]}
 
 
-def test_refresh_reruns_everything(store):
+def test_refresh_reruns_everything(store, cold):
     summary = run_pipeline(store, "refresh", "grpo.learning_rate=3e-4", "--refresh")
     assert not any(states(summary).values()), states(summary)
 

@@ -60,6 +60,7 @@ def server() -> Iterator[str]:
     httpd.server_close()
 
 
+@pytest.mark.integration
 def test_judge_scores_through_the_endpoint(server: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JUDGE_KEY", "sk-test")
     fn = build_reward("judge", {"base_url": server, "model": "grader", "rubric": "Grade 0-{max_score}.",
@@ -75,6 +76,7 @@ def test_judge_scores_through_the_endpoint(server: str, monkeypatch: pytest.Monk
     assert any("Reference answer:\nref2" in c["body"]["messages"][1]["content"] for c in FakeJudge.calls)
 
 
+@pytest.mark.integration
 def test_judge_retries_then_times_out_to_none(server: str) -> None:
     fn = build_reward("judge", {"base_url": server, "model": "m", "retries": 1, "timeout_s": 0.5,
                                 "api_key_env": None})
