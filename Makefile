@@ -6,9 +6,21 @@ TORCH_VERSION ?= 2.13.0
 CONFIG ?= configs/tiny-arith.yaml
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast install clean
+.PHONY: run test test-fast lint install clean
 
+# bubblewrap isolates model-written programs in the code reward's sandbox (docs/rewards.md); without it, as root,
+# the sandbox refuses to run them. Installed where we can (root on Debian/Ubuntu); never fails the install.
 install: $(VENV)/.installed
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing bubblewrap (isolates the code sandbox)"; \
+	    { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1 \
+	      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; }; } \
+	      || echo "could not install bubblewrap; the code sandbox needs it to run programs as root: apt-get install bubblewrap"; \
+	  else \
+	    echo "bubblewrap is not installed; the code sandbox isolates programs with it: sudo apt-get install bubblewrap (Debian/Ubuntu) or sudo dnf install bubblewrap (Fedora)"; \
+	  fi; \
+	}
 
 # torch goes in first, pinned, so the CPU wheel is used and no CUDA packages are pulled in.
 $(VENV)/.installed: pyproject.toml
@@ -21,11 +33,17 @@ $(VENV)/.installed: pyproject.toml
 run: install
 	$(BIN)/grpo-pipeline run --config $(CONFIG)
 
-test: install
+# Everything CI runs: lint first, then every test tier.
+test: install lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# Unit tests only: no server, no sandbox, no pipeline run (well under a minute).
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not integration" $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 clean:
 	rm -rf runs .prefect

@@ -7,26 +7,37 @@ for each program, three fds over its control socket (SCM_RIGHTS):
   - output fd: the program's stdout and stderr.
 
 For each program the server forks a child (`run_program`), which closes every other fd, lowers its rlimits, drops
-to an unprivileged uid (or, without one, stays non-dumpable), reads the program, forks, and only then reads the
-tests. The grandchild runs the program and answers calls over its own pair of pipes; the child runs the tests in
-*its* process and calls the program through a proxy that returns freshly decoded builtin values. So the program
-never holds the tests, the expected values, the nonce or the verdict fd, and nothing it does to its own process
-(sys.exit, atexit, SkipTest, an `__eq__` that is always True, a redefined `check`, a tampered frame) can change the
-count of passed tests, which only the child keeps.
+to an unprivileged uid when the server runs as root (and refuses to go on as root unless the host allowed it),
+becomes non-dumpable, reads the program, forks, and only then reads the tests. The grandchild runs the program
+and answers calls over its own pair of pipes; the child runs the tests in *its* process and calls the program
+through a proxy that returns freshly decoded builtin values. So the program never holds the tests, the expected
+values, the nonce or the verdict fd, and nothing it does to its own process (sys.exit, atexit, SkipTest, an `__eq__`
+that is always True, a redefined `check`, a tampered frame) can change the count of passed tests, which only the
+child keeps.
 
 Wire format: 4-byte big-endian length + a small tagged text encoding (`encode`/`decode`) that keeps builtin types
 apart (tuple vs list, sets, int keys, exact floats); anything else becomes an opaque value that equals nothing.
 It is parsed by hand, without `eval` or pickle, and without importing json/re (start-up time matters here).
 """
 
+# ruff: noqa: SIM105  (try/except/pass, not contextlib.suppress: importing contextlib costs ~1 ms per sandbox start)
+from __future__ import annotations
+
 import os
 import sys
+
+# The harness runs as `python -I -S -c`, where importing `typing` would cost ~13 ms per sandbox start: the names
+# below exist for type checkers only (which treat any `TYPE_CHECKING` as true), and annotations are never evaluated.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 MAX_MESSAGE = 8 << 20  # bytes; a larger answer from the program counts as a failed call
 
 
 # ---------------------------------------------------------------- wire format
-def read_exact(fd, n):
+def read_exact(fd: int, n: int) -> bytes:
     chunks, left = [], n
     while left:
         chunk = os.read(fd, min(left, 1 << 20))
@@ -37,75 +48,75 @@ def read_exact(fd, n):
     return b"".join(chunks)
 
 
-def read_message(fd):
+def read_message(fd: int) -> bytes:
     n = int.from_bytes(read_exact(fd, 4), "big")
     if n > MAX_MESSAGE:
-        raise ValueError("message of %d bytes is over the limit" % n)
+        raise ValueError(f"message of {n} bytes is over the limit")
     return read_exact(fd, n)
 
 
-def write_message(fd, data):
+def write_message(fd: int, data: bytes) -> None:
     data = len(data).to_bytes(4, "big") + data
     while data:
         data = data[os.write(fd, data):]
 
 
-def encode(x, depth=0):
+def encode(x: object, depth: int = 0) -> str:
     """A compact text form of a value that keeps builtin types apart (tuple vs list, int keys, sets, exact floats).
 
     Scalars: N T F, i<int>; f<float.hex>; c<re>;<im>; b<hex>; s<len>:<chars>. Containers: l/t/S/z/I<n>: then n
     items (list, tuple, set, frozenset, materialised iterator), d<n>: then n key/value pairs, r<a>;<b>;<c>; a range.
     Anything else is o<len>:<type name>, an opaque value.
     """
-    out = []
+    out: list[str] = []
     _encode(x, out, depth)
     return "".join(out)
 
 
-def _encode(x, out, depth):
+def _encode(x: Any, out: list[str], depth: int) -> None:
     t = type(x)
     if x is None:
         out.append("N")
     elif t is bool:
         out.append("T" if x else "F")
     elif t is int:
-        out.append("i%d;" % x)
+        out.append(f"i{x};")
     elif t is float:
-        out.append("f%s;" % x.hex())
+        out.append(f"f{x.hex()};")
     elif t is str:
-        out.append("s%d:" % len(x))
+        out.append(f"s{len(x)}:")
         out.append(x)
     elif depth > 100:
         out.append("o8:too deep")
     elif t in _CONTAINER_TAGS:
-        out.append("%s%d:" % (_CONTAINER_TAGS[t], len(x)))
+        out.append(f"{_CONTAINER_TAGS[t]}{len(x)}:")
         for v in x:
             _encode(v, out, depth + 1)
     elif t is dict:
-        out.append("d%d:" % len(x))
+        out.append(f"d{len(x)}:")
         for k, v in x.items():
             _encode(k, out, depth + 1)
             _encode(v, out, depth + 1)
     elif t is bytes:
-        out.append("b%s;" % x.hex())
+        out.append(f"b{x.hex()};")
     elif t is complex:
-        out.append("c%s;%s;" % (x.real.hex(), x.imag.hex()))
+        out.append(f"c{x.real.hex()};{x.imag.hex()};")
     elif t is range:
-        out.append("r%d;%d;%d;" % (x.start, x.stop, x.step))
+        out.append(f"r{x.start};{x.stop};{x.step};")
     elif hasattr(t, "__next__") and hasattr(t, "__iter__"):  # generators, map, zip, ...: materialise (bounded)
-        items = []
+        items: list[object] = []
         for v in x:
             items.append(v)
             if len(items) > 100000:
                 break
-        out.append("I%d:" % len(items))
+        out.append(f"I{len(items)}:")
         for v in items:
             _encode(v, out, depth + 1)
     elif hasattr(x, "tolist") and t.__module__ == "numpy":  # numpy scalars/arrays from honest programs
         _encode(x.tolist(), out, depth + 1)
     else:
         name = t.__name__ if isinstance(t.__name__, str) else "?"
-        out.append("o%d:%s" % (len(name), name))
+        out.append(f"o{len(name)}:{name}")
 
 
 _CONTAINER_TAGS = {list: "l", tuple: "t", set: "S", frozenset: "z"}
@@ -116,34 +127,34 @@ class Opaque:
 
     __slots__ = ("type_name",)
 
-    def __init__(self, type_name):
+    def __init__(self, type_name: str) -> None:
         self.type_name = str(type_name)
 
-    def __repr__(self):
-        return "<opaque %s>" % self.type_name
+    def __repr__(self) -> str:
+        return f"<opaque {self.type_name}>"
 
 
 class DecodeError(ValueError):
     pass
 
 
-def decode(text):
+def decode(text: str) -> Any:
     """Fresh builtin objects from `encode`'s text; malformed input raises DecodeError."""
     try:
         value, pos = _decode(text, 0, 0)
     except (IndexError, ValueError, TypeError, OverflowError, RecursionError) as e:
-        raise DecodeError("%s: %s" % (type(e).__name__, e)) from None
+        raise DecodeError(f"{type(e).__name__}: {e}") from None
     if pos != len(text):
         raise DecodeError("trailing data")
     return value
 
 
-def _upto(text, pos, sep):
+def _upto(text: str, pos: int, sep: str) -> tuple[str, int]:
     end = text.index(sep, pos)
     return text[pos:end], end + 1
 
 
-def _decode(text, pos, depth):
+def _decode(text: str, pos: int, depth: int) -> tuple[Any, int]:
     if depth > 200:
         raise DecodeError("too deep")
     tag = text[pos]
@@ -172,7 +183,7 @@ def _decode(text, pos, depth):
         n = int(raw)
         if n < 0 or n > len(text):
             raise DecodeError("bad length")
-        items = []
+        items: list[Any] = []
         for _ in range(2 * n if tag == "d" else n):
             v, pos = _decode(text, pos, depth + 1)
             items.append(v)
@@ -186,7 +197,7 @@ def _decode(text, pos, depth):
             return frozenset(items), pos
         if tag == "I":
             return iter(items), pos
-        return dict(zip(items[0::2], items[1::2])), pos
+        return dict(zip(items[0::2], items[1::2], strict=True)), pos
     if tag == "b":
         raw, pos = _upto(text, pos, ";")
         return bytes.fromhex(raw), pos
@@ -199,27 +210,27 @@ def _decode(text, pos, depth):
         b, pos = _upto(text, pos, ";")
         c, pos = _upto(text, pos, ";")
         return range(int(a), int(b), int(c)), pos
-    raise DecodeError("unknown tag %r" % tag)
+    raise DecodeError(f"unknown tag {tag!r}")
 
 
-def to_bytes(text):
+def to_bytes(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
-def from_bytes(data):
+def from_bytes(data: bytes) -> str:
     return data.decode("utf-8", "surrogatepass")
 
 
 # ---------------------------------------------------------------- the program's side (child process)
-def send(fd, value):
+def send(fd: int, value: object) -> None:
     write_message(fd, to_bytes(encode(value)))
 
 
-def receive(fd):
+def receive(fd: int) -> Any:
     return decode(from_bytes(read_message(fd)))
 
 
-def serve_program(program, req_fd, resp_fd):
+def serve_program(program: str, req_fd: int, resp_fd: int) -> None:
     """Run the program, then answer calls `(name, args, kwargs)` until the pipe closes. Never returns."""
     import builtins
     import signal
@@ -227,7 +238,7 @@ def serve_program(program, req_fd, resp_fd):
     # Python's default, which the harness side ignores: a SIGINT from the program must not raise KeyboardInterrupt
     # (a "broken test", scored None) in the process that runs the tests
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    namespace = {"__name__": "solution", "__builtins__": builtins}
+    namespace: dict[str, Any] = {"__name__": "solution", "__builtins__": builtins}
     try:
         exec(compile(program, "<solution>", "exec"), namespace)
         names = [k for k, v in list(namespace.items()) if type(k) is str and not k.startswith("__") and callable(v)]
@@ -259,12 +270,12 @@ class CandidateFailure(Exception):
 class Channel:
     """Calls into the program's process; every answer is decoded into fresh builtin objects."""
 
-    def __init__(self, pid, req_fd, resp_fd, deadline):
+    def __init__(self, pid: int, req_fd: int, resp_fd: int, deadline: float) -> None:
         self.pid, self.req_fd, self.resp_fd, self.deadline = pid, req_fd, resp_fd, deadline
-        self.dead = None  # why the program can no longer be called
+        self.dead: str | None = None  # why the program can no longer be called
         self.timed_out = False
 
-    def _receive(self):
+    def _receive(self) -> tuple[Any, ...]:
         import select
 
         wait = self.deadline - _now()
@@ -278,10 +289,10 @@ class Channel:
                 raise DecodeError("not a tagged tuple")
             return answer
         except Exception as e:
-            self.kill("bad answer: %s" % type(e).__name__)
+            self.kill(f"bad answer: {type(e).__name__}")
             raise CandidateFailure(self.dead) from None
 
-    def kill(self, why):
+    def kill(self, why: str) -> None:
         if self.dead is None:
             self.dead = why
             try:
@@ -289,15 +300,15 @@ class Channel:
             except OSError:
                 pass
 
-    def ready(self):
+    def ready(self) -> list[str]:
         """The names the program defines, or raise CandidateFailure if it did not load."""
         msg = self._receive()
         if msg[0] != "ready" or len(msg) != 2 or type(msg[1]) is not list:
-            self.kill("load error: %s" % " ".join(str(m) for m in msg[1:])[:500])
+            self.kill("load error: " + " ".join(str(m) for m in msg[1:])[:500])
             raise CandidateFailure(self.dead)
         return [n for n in msg[1] if type(n) is str]
 
-    def call(self, name, args, kwargs):
+    def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self.dead is not None:
             raise CandidateFailure(self.dead)
         try:
@@ -308,47 +319,48 @@ class Channel:
         answer = self._receive()
         if answer[0] == "v" and len(answer) == 2:
             return answer[1]
-        kind, detail = (list(answer[1:]) + ["Error", ""])[:2]
+        kind, detail = [*answer[1:], "Error", ""][:2]
         exc = getattr(__import__("builtins"), str(kind), None)
         if isinstance(exc, type) and issubclass(exc, Exception) and exc not in (StopIteration, StopAsyncIteration):
             raise exc(str(detail))  # a builtin exception type: tests may expect e.g. ValueError
-        raise CandidateFailure("%s: %s" % (kind, detail))
+        raise CandidateFailure(f"{kind}: {detail}")
 
 
 class Proxy:
     """Stands in for one of the program's functions inside the tests."""
 
-    def __init__(self, channel, name):
+    def __init__(self, channel: Channel, name: str) -> None:
         self._channel, self._name = channel, name
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._channel.call(self._name, args, kwargs)
 
-    def __repr__(self):
-        return "<function %s>" % self._name
+    def __repr__(self) -> str:
+        return f"<function {self._name}>"
 
 
 class Units:
     """Pass/fail per test unit, kept in the harness process only."""
 
-    def __init__(self, total):
-        self.total, self.passed, self.first_error = total, set(), ""
+    def __init__(self, total: int) -> None:
+        self.total, self.first_error = total, ""
+        self.passed: set[int] = set()
 
-    def ok(self, i):
+    def ok(self, i: int) -> None:
         self.passed.add(i)
 
-    def fail(self, i, error=None):
+    def fail(self, i: int, error: BaseException | None = None) -> None:
         self.passed.discard(i)
         if error is not None and not self.first_error:
-            self.first_error = "test %d: %s: %s" % (i, type(error).__name__, str(error)[:300])
+            self.first_error = f"test {i}: {type(error).__name__}: {str(error)[:300]}"
 
 
-def run_tests(spec, channel):
+def run_tests(spec: dict[str, Any], channel: Channel) -> dict[str, Any]:
     """Run the tests against the program; returns the payload of the verdict."""
     import builtins
 
-    result = {"loaded": False, "passed": 0, "total": int(spec["total"]), "completed": False, "error": "",
-              "timeout": False}
+    result: dict[str, Any] = {"loaded": False, "passed": 0, "total": int(spec["total"]), "completed": False,
+                              "error": "", "timeout": False}
     try:
         names = channel.ready()
     except CandidateFailure as e:
@@ -357,7 +369,7 @@ def run_tests(spec, channel):
         return result
     result["loaded"] = True
     units = Units(result["total"])
-    namespace = {"__name__": "__tests__", "__builtins__": builtins, "_grpo_units_": units}
+    namespace: dict[str, Any] = {"__name__": "__tests__", "__builtins__": builtins, "_grpo_units_": units}
     for module in spec.get("imports", []):
         try:
             namespace[module] = __import__(module)
@@ -376,7 +388,7 @@ def run_tests(spec, channel):
             namespace["check"](proxy)
             result["completed"] = True
         except Exception as e:
-            result["error"] = "%s: %s" % (type(e).__name__, str(e)[:300])
+            result["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     else:  # "asserts": one unit per statement, each run on its own
         for name in names:
             namespace[name] = Proxy(channel, name)
@@ -384,11 +396,11 @@ def run_tests(spec, channel):
             exec(compile(spec["setup"], "<setup>", "exec"), namespace)
         for i, statement in enumerate(spec["asserts"]):
             try:
-                exec(compile(statement, "<test %d>" % i, "exec"), namespace)
+                exec(compile(statement, f"<test {i}>", "exec"), namespace)
                 units.ok(i)
             except Exception as e:
                 if not result["error"]:
-                    result["error"] = "test %d: %s: %s" % (i, type(e).__name__, str(e)[:300])
+                    result["error"] = f"test {i}: {type(e).__name__}: {str(e)[:300]}"
         result["completed"] = True
     result["passed"] = len(units.passed)
     result["error"] = result["error"] or units.first_error
@@ -398,7 +410,7 @@ def run_tests(spec, channel):
     return result
 
 
-def mac(key, body):
+def mac(key: bytes, body: bytes) -> str:
     """blake2b keyed with the run's nonce (the builtin _blake2 module: no OpenSSL start-up cost)."""
     try:
         from _blake2 import blake2b
@@ -407,41 +419,50 @@ def mac(key, body):
     return blake2b(body, key=key, digest_size=32).hexdigest()
 
 
-def _now():
+def _now() -> float:
     import time
 
     return time.monotonic()
 
 
-def _prctl_not_dumpable():
-    """Make this process non-dumpable: no ptrace, and its /proc memory, fds and environ belong to root."""
+def _prctl(option: int, value: int) -> None:
     import ctypes
 
-    PR_SET_DUMPABLE = 4
-    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
-        raise OSError("prctl(PR_SET_DUMPABLE) failed")
+    if ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(f"prctl({option}, {value}) failed")
 
 
-def _become_sandbox_user(config):
-    """Drop to the slot's unprivileged uid (when the server runs as root) and stay non-dumpable."""
+def _prctl_not_dumpable() -> None:
+    """Make this process non-dumpable: no ptrace, and its /proc memory, fds and environ belong to root."""
+    _prctl(4, 0)  # PR_SET_DUMPABLE
+
+
+def _become_sandbox_user(config: dict[str, Any]) -> None:
+    """Drop to the slot's unprivileged uid (when the server runs as root) and stay non-dumpable.
+
+    Raises PermissionError rather than go on as root, unless the host allowed it (isolation='unsafe-root'): a
+    program running as root outside a pid namespace can kill every process on the machine with kill(-1).
+    """
     uid = config.get("uid")
     if uid is not None and os.getuid() == 0:
         # A real unprivileged uid: RLIMIT_NPROC counts (it is ignored for root), and no capability survives.
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
+    if 0 in os.getresuid() and not config.get("allow_root"):
+        raise PermissionError("the sandbox harness refuses to run a program as root (no unprivileged uid was given)")
     _prctl_not_dumpable()  # inherited over fork, and setuid may reset it (fs.suid_dumpable): set it again
 
 
-def _close_fds_except(keep):
+def _close_fds_except(keep: set[int]) -> None:
     low = 0
-    for fd in sorted(keep) + [1 << 20]:
+    for fd in [*sorted(keep), 1 << 20]:
         if low < fd:  # os.closerange(n, n) closes every fd on some Pythons (close_range with last = -1)
             os.closerange(low, fd)
         low = fd + 1
 
 
-def run_program(config, spec_fd, verdict_fd, out_fd):
+def run_program(config: dict[str, Any], spec_fd: int, verdict_fd: int, out_fd: int) -> None:
     """One program, in a child of the server: rlimits, uid, fork the program, run the tests, write the verdict."""
     import resource
 
@@ -476,7 +497,7 @@ def run_program(config, spec_fd, verdict_fd, out_fd):
     try:
         payload = run_tests(spec, channel)
     except BaseException as e:  # a broken test (not the program): reported as an infrastructure error
-        payload = {"infra_error": "%s: %s" % (type(e).__name__, str(e)[:500])}
+        payload = {"infra_error": f"{type(e).__name__}: {str(e)[:500]}"}
     channel.kill("done")
     body = to_bytes(encode(payload))
     write_message(verdict_fd, body)
@@ -489,7 +510,7 @@ def run_program(config, spec_fd, verdict_fd, out_fd):
         _wipe_all()
 
 
-def _wait_until_others_exited(deadline):
+def _wait_until_others_exited(deadline: float) -> None:
     """Wait until every other process in the namespace but pid 1 has exited (is a zombie or gone)."""
     import time
 
@@ -499,7 +520,7 @@ def _wait_until_others_exited(deadline):
         for name in os.listdir("/proc"):
             if name.isdigit() and int(name) not in (1, me):
                 try:
-                    with open("/proc/%s/stat" % name) as f:
+                    with open(f"/proc/{name}/stat") as f:
                         state = f.read().rsplit(")", 1)[1].split()[0]
                 except (OSError, IndexError):
                     continue
@@ -512,7 +533,7 @@ def _wait_until_others_exited(deadline):
 
 
 # ---------------------------------------------------------------- the fork server
-def serve(config):
+def serve(config: dict[str, Any]) -> None:
     """The long-lived server: pid 1 of the sandbox's pid namespace, Python and these modules already loaded.
 
     Control socket (SOCK_SEQPACKET) from the host: b"R" + three fds (spec, verdict, output) runs one program in a
@@ -528,6 +549,8 @@ def serve(config):
     if hasattr(sys, "set_int_max_str_digits"):
         sys.set_int_max_str_digits(0)
     _prctl_not_dumpable()
+    if not config.get("clean"):  # no pid namespace: what a program leaves is re-parented here, not to init
+        _prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
     import resource  # noqa: F401  (loaded once here, not per program)
 
     ctl = socket.socket(fileno=config["control_fd"])
@@ -554,14 +577,15 @@ def serve(config):
                     sys.stderr.flush()
                 finally:
                     os._exit(code)
-        elif msg == b"C" and config.get("clean"):
-            ctl.sendall(b"K" if _clean(config, runner) else b"D")
+        elif msg == b"C":
+            done = _clean(config, runner) if config.get("clean") else _kill_descendants(_now() + 2.0)
+            ctl.sendall(b"K" if done else b"D")
             runner = None
         for fd in fds:
             os.close(fd)
 
 
-def _in_child_as_sandbox_user(config, fn):
+def _in_child_as_sandbox_user(config: dict[str, Any], fn: Callable[[], object]) -> bool:
     """Run fn() in a child with the slot's uid; True when it returned normally."""
     pid = os.fork()
     if pid == 0:
@@ -579,14 +603,59 @@ def _in_child_as_sandbox_user(config, fn):
             continue
 
 
-def _kill_all():
+def _kill_all() -> None:
+    if 0 in os.getresuid():  # as root, kill(-1) reaches every process of the machine unless a pid namespace holds it
+        raise PermissionError("refusing kill(-1) as root")
     try:
         os.kill(-1, 9)  # every process this uid may signal in this pid namespace, except this one and pid 1
     except ProcessLookupError:
         pass
 
 
-def _reap_all(deadline):
+def _kill_descendants(deadline: float) -> bool:
+    """Kill and reap every process below this server (a child subreaper); True when none is left.
+
+    Outside a pid namespace, kill(-1) would reach processes that are not the program's (another sandbox's with the
+    same uid, or, as root, the whole machine), so the server kills its own children, by pid, until none is left: a
+    killed process's children are re-parented to it in turn. A pid cannot be reused before this server reaps it.
+    """
+    import time
+
+    me = os.getpid()
+    while True:
+        for pid in _children_of(me):
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        while True:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return True
+            if pid == 0:
+                break
+        if _now() > deadline:
+            return False
+        time.sleep(0.0005)
+
+
+def _children_of(parent: int) -> list[int]:
+    """Pids whose parent is `parent`, from /proc/<pid>/stat (the `children` file needs CONFIG_PROC_CHILDREN)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == parent:
+                found.append(int(name))
+    return found
+
+
+def _reap_all(deadline: float) -> bool:
     """Wait until this server (pid 1) has no child left, i.e. no other process exists in the namespace."""
     import time
 
@@ -601,7 +670,7 @@ def _reap_all(deadline):
             time.sleep(0.0005)
 
 
-def _wipe(path):
+def _wipe(path: str) -> None:
     for entry in os.scandir(path):
         if entry.is_dir(follow_symlinks=False):
             os.chmod(entry.path, 0o700)
@@ -611,16 +680,16 @@ def _wipe(path):
             os.unlink(entry.path)
 
 
-def _wipe_all():
+def _wipe_all() -> None:
     for path in ("/work", "/tmp"):
         _wipe(path)
     for kind in ("shm", "sem", "msg"):  # System V IPC objects outlive processes: any left means a restart
         with open("/proc/sysvipc/" + kind) as f:
             if len(f.read().strip().splitlines()) > 1:
-                raise OSError("System V %s objects left" % kind)
+                raise OSError(f"System V {kind} objects left")
 
 
-def _clean(config, runner):
+def _clean(config: dict[str, Any], runner: int | None) -> bool:
     """Kill everything the last program left, reap it, and wipe its files; False when that did not work."""
     import time
 
@@ -642,7 +711,7 @@ def _clean(config, runner):
     return killed and _reap_all(deadline) and _in_child_as_sandbox_user(config, _wipe_all) and _reap_all(deadline)
 
 
-def main():
+def main() -> None:
     serve(decode(sys.argv[1]))
 
 

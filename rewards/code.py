@@ -21,8 +21,15 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from grpo_pipeline.rewards.registry import RewardFn, completion_text, register
-from grpo_pipeline.rewards.sandbox import CodeJob, RunResult, SandboxConfig, default_sandbox
+from grpo_pipeline.rewards.registry import RewardError, RewardFn, completion_text, register
+from grpo_pipeline.rewards.sandbox import (
+    CodeJob,
+    Isolation,
+    RunResult,
+    SandboxConfig,
+    SandboxUnavailable,
+    default_sandbox,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +187,7 @@ def code_tests_reward(
     max_processes: int = 16,
     max_output_bytes: int = 1 << 20,
     workers: int | None = None,
-    isolation: Literal["auto", "bwrap", "none"] = "auto",
+    isolation: Isolation = "auto",
     python: str | None = None,
     extra_ro_paths: Sequence[str] = (),
 ) -> RewardFn:
@@ -191,10 +198,14 @@ def code_tests_reward(
     """
     if mode not in ("pass", "fraction"):
         raise ValueError(f"mode must be 'pass' or 'fraction', got {mode!r}")
-    config = SandboxConfig(
-        timeout_s=timeout_s, memory_mb=memory_mb, max_processes=max_processes, max_output_bytes=max_output_bytes,
-        workers=workers, isolation=isolation, python=python, extra_ro_paths=tuple(extra_ro_paths),
-    )
+    try:
+        config = SandboxConfig(
+            timeout_s=timeout_s, memory_mb=memory_mb, max_processes=max_processes, max_output_bytes=max_output_bytes,
+            workers=workers, isolation=isolation, python=python, extra_ro_paths=tuple(extra_ro_paths),
+        )
+        default_sandbox(config)  # a sandbox that refuses to run here says so once, now, not on every batch
+    except (SandboxUnavailable, ValueError) as e:
+        raise RewardError(f"reward 'code_tests': {e}") from None
 
     def code_tests(prompts, completions, **columns) -> list[float | None]:
         results = run_rows(prompts, completions, columns, config)

@@ -15,8 +15,13 @@ server forks a fresh child, which applies the limits and runs the program and it
   - between programs every process of the slot's uid is killed and must have exited, /work and /tmp are wiped and
     no System V IPC object may remain; when that fails (or the server dies) the host restarts the sandbox, so one
     program never sees another's processes or files.
-Without bubblewrap the same harness runs with rlimits only, one fresh server per program, and the log says so
-loudly on every sandbox start.
+Without bubblewrap the same harness runs with rlimits only, one fresh server per program (a child subreaper, which
+kills what the program left, by pid, before it is stopped), and the log says so loudly on every sandbox start.
+Programs then run as the current user, or, when that is root, as the slot's unprivileged uid; where no such uid
+can run the interpreter (e.g. Python under /root, mode 0700) the sandbox refuses to start (`SandboxUnavailable`)
+rather than run programs as root, which could kill(-1) every process on the machine, unless
+`isolation="unsafe-root"` says to take that risk. The harness itself refuses to run a program as root unless the
+host passed that opt-out.
 
 The verdict cannot be forged by the program: the host sends each program's pipes straight to the server over
 SCM_RIGHTS; the child forks the program's process *before* it reads the tests and the nonce, runs the tests in its
@@ -32,6 +37,7 @@ reward stays usable from any thread (e.g. TRL's training loop or a Prefect task)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -52,7 +58,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import IO, Any, Literal, get_args
 
 from grpo_pipeline.rewards import _harness
 from grpo_pipeline.rewards._harness import DecodeError
@@ -67,6 +73,15 @@ _OUTPUT_GRACE_S = 0.25  # how long the output pipe may stay open after the verdi
 _START_TIMEOUT_S = 20.0  # for a worker's sandbox to start and load the harness
 _CLEAN_TIMEOUT_S = 5.0  # for a worker to kill and wipe what a program left
 
+# "auto": bubblewrap when it works, else rlimits only (as root: under an unprivileged uid, or refused);
+# "bwrap": bubblewrap or an error; "none": rlimits only (as root: under an unprivileged uid, or refused);
+# "unsafe-root": as "auto", but where nothing else works as root, programs run AS ROOT (you accept the risk).
+Isolation = Literal["auto", "bwrap", "none", "unsafe-root"]
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox cannot run programs here with the isolation asked for; the message says what to change."""
+
 
 @dataclass(frozen=True)
 class SandboxConfig:
@@ -79,9 +94,13 @@ class SandboxConfig:
     max_processes: int = 16  # RLIMIT_NPROC for the slot's uid (processes and threads)
     max_output_bytes: int = 1 << 20  # stdout+stderr kept; more kills the program
     workers: int | None = None  # parallel programs; defaults to the usable cores
-    isolation: Literal["auto", "bwrap", "none"] = "auto"  # "auto": bwrap when it works, else rlimits only
+    isolation: Isolation = "auto"  # see `Isolation`; "auto" never runs programs as root
     python: str | None = None  # interpreter inside the sandbox; defaults to this one's base interpreter
     extra_ro_paths: tuple[str, ...] = ()  # more host paths shown read-only (e.g. a site-packages with numpy)
+
+    def __post_init__(self) -> None:
+        if self.isolation not in get_args(Isolation):
+            raise ValueError(f"sandbox isolation must be one of {get_args(Isolation)}, got {self.isolation!r}")
 
 
 @dataclass
@@ -119,6 +138,7 @@ class RunResult:
 
 
 def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask), e.g. fewer than the machine's under taskset or CI."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -137,7 +157,7 @@ def bwrap_status(python: str | None = None) -> tuple[bool, str]:
     """Whether bubblewrap can start a sandbox here (it may be installed but blocked, e.g. no user namespaces)."""
     exe = shutil.which("bwrap")
     if exe is None:
-        return False, "bwrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+        return False, "bwrap is not installed"
     probe = Sandbox(SandboxConfig(isolation="bwrap", python=python), _probe=True)
     argv = probe._argv(config_text="N")
     argv[argv.index("-c") + 1] = "pass"
@@ -151,14 +171,56 @@ def bwrap_status(python: str | None = None) -> tuple[bool, str]:
     return True, exe
 
 
-def _path_is_world_traversable(path: str) -> bool:
-    """True when every directory above `path` lets other users through (needed after dropping root)."""
-    p = Path(path)
-    return all(os.stat(d).st_mode & 0o001 for d in p.parents)
+@functools.cache
+def unprivileged_uid_status(python: str) -> tuple[bool, str]:
+    """Whether the slots' unprivileged uids can run `python` here: what the host needs to drop root without bwrap.
+
+    Programs import the standard library after the drop, so the installation must be open to other users, and the
+    kernel must let us become that uid (inside a user namespace it may be unmapped); so we try it for real.
+    """
+    argv = [python, "-I", "-S", "-c", "import os, sys; sys.exit(0 in os.getresuid())"]
+    try:
+        r = subprocess.run(
+            argv, user=_BASE_UID, group=_BASE_UID, extra_groups=[], env={}, cwd="/", capture_output=True, timeout=20
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        closed = _closed_dir(python)
+        hint = f" ({closed} is mode {os.stat(closed).st_mode & 0o777:04o}: closed to other users)" if closed else ""
+        return False, f"uid {_BASE_UID} cannot run {python}{hint}: {e}"
+    if r.returncode != 0:
+        return False, f"{python} fails as uid {_BASE_UID}: {r.stderr.decode(errors='replace').strip()[-500:]}"
+    return True, f"uid {_BASE_UID}"
+
+
+def _closed_dir(path: str) -> str | None:
+    """The first directory above `path` that other users cannot pass through, if any."""
+    for d in reversed(Path(path).parents):
+        try:
+            if not os.stat(d).st_mode & 0o001:
+                return str(d)
+        except OSError:
+            return None
+    return None
+
+
+def _refusal(no_bwrap: str, no_uid: str) -> str:
+    """The one message users see when the sandbox will not run programs as root."""
+    return (
+        f"the code sandbox refuses to run model-written programs as root. This process runs as root, bubblewrap "
+        f"is not used ({no_bwrap}), and {no_uid}; a program running as root could kill every process on this "
+        f"machine. Fix one of: install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap); run as a normal "
+        f"user; or use a Python that other users can execute (the sandbox's `python` setting, e.g. "
+        f"/usr/bin/python3, or chmod o+x on the directories above it). To run programs as root anyway, at your "
+        f"own risk: isolation='unsafe-root'."
+    )
 
 
 class Sandbox:
-    """Runs `CodeJob`s in isolated processes, in parallel. Thread-safe; one instance can serve many callers."""
+    """Runs `CodeJob`s in isolated processes, in parallel. Thread-safe; one instance can serve many callers.
+
+    Raises SandboxUnavailable (at construction, before any program runs) where it cannot isolate programs as
+    `config.isolation` asks, e.g. as root without bubblewrap and without a usable unprivileged uid.
+    """
 
     def __init__(self, config: SandboxConfig | None = None, *, _probe: bool = False) -> None:
         self.config = config or SandboxConfig()
@@ -167,29 +229,57 @@ class Sandbox:
         self.python_prefix = prefix
         self.is_root = os.geteuid() == 0
         self.workers = c.workers or usable_cores()
+        if _probe:  # bwrap_status's probe: only builds the command line
+            self.isolated, self.drop_uid, self.as_root = True, self.is_root, False
+        else:
+            self._choose_isolation()
         self._slots: queue.Queue[int] = queue.Queue()
         for slot in range(self.workers):
             self._slots.put(slot)
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="sandbox")
         self._workers: list[_Worker | None] = [None] * self.workers  # started on first use, restarted when broken
         weakref.finalize(self, _stop_all, self._workers)
-        if _probe:
-            self.isolated = True
-            return
+
+    def _choose_isolation(self) -> None:
+        """Set `isolated` (inside bwrap), `drop_uid` (programs run as 61000 + slot) and `as_root`; or refuse.
+
+        Raises SandboxUnavailable where programs would run as root and `isolation` is not "unsafe-root".
+        """
+        c = self.config
+        self.isolated = self.drop_uid = self.as_root = False
         if c.isolation == "none":
-            self.isolated = False
-            logger.warning("SANDBOX ISOLATION IS OFF (isolation='none'): programs run with rlimits only and can read "
-                           "your files and use the network")
-            return
-        ok, why = bwrap_status(c.python)
-        if not ok and c.isolation == "bwrap":
-            raise RuntimeError(f"sandbox isolation 'bwrap' was requested but {why}")
-        self.isolated = ok
-        if not ok:
+            no_bwrap = "isolation='none' was requested"
+        else:
+            ok, no_bwrap = bwrap_status(c.python)
+            if ok:
+                self.isolated, self.drop_uid = True, self.is_root
+                return
+            if c.isolation == "bwrap":
+                hint = "Debian/Ubuntu: apt-get install bubblewrap"
+                raise SandboxUnavailable(f"sandbox isolation 'bwrap' was requested but {no_bwrap} ({hint})")
+        if not self.is_root:
             logger.warning(
-                "SANDBOX ISOLATION IS OFF: %s. Programs run with rlimits only: they can read your files and use the "
-                "network. Install bubblewrap (apt-get install bubblewrap) before running untrusted code.", why
+                "SANDBOX ISOLATION IS OFF (%s): programs run with rlimits only, as your user (uid %d): they can read "
+                "and change your files, signal your processes and use the network. Install bubblewrap (apt-get "
+                "install bubblewrap) before running untrusted code.", no_bwrap, os.geteuid()
             )
+            return
+        self.drop_uid, no_uid = unprivileged_uid_status(self.python)
+        if self.drop_uid:
+            logger.warning(
+                "SANDBOX ISOLATION IS OFF (%s): programs run with rlimits only, as unprivileged uids %d-%d: they can "
+                "read world-readable files and use the network. Install bubblewrap (apt-get install bubblewrap) "
+                "before running untrusted code.", no_bwrap, _BASE_UID, _BASE_UID + self.workers - 1
+            )
+            return
+        if c.isolation != "unsafe-root":
+            raise SandboxUnavailable(_refusal(no_bwrap, no_uid))
+        self.as_root = True
+        logger.critical(
+            "SANDBOX RUNS MODEL-WRITTEN PROGRAMS AS ROOT (isolation='unsafe-root'; %s; %s): ANY PROGRAM CAN KILL EVERY "
+            "PROCESS ON THIS MACHINE, READ AND DELETE EVERY FILE AND USE THE NETWORK. Install bubblewrap (apt-get "
+            "install bubblewrap) and drop isolation='unsafe-root'.", no_bwrap, no_uid
+        )
 
     def _stop_workers(self) -> None:
         _stop_all(self._workers)
@@ -268,14 +358,16 @@ class Sandbox:
         config: dict[str, Any] = {"control_fd": server_end.fileno(), "rlimits": self._limits(),
                                   "clean": self.isolated}
         uid = _BASE_UID + slot
-        if self.is_root and (self.isolated or _path_is_world_traversable(self.python)):
+        if self.drop_uid:
             config["uid"] = uid
+        if self.as_root:  # otherwise the harness refuses to run a program as root (a second line of defence)
+            config["allow_root"] = True
         workdir = None
         if not self.isolated:
             workdir = tempfile.mkdtemp(prefix="grpo-sandbox-")
-            if "uid" in config:
+            if self.drop_uid:
                 os.chown(workdir, uid, uid)
-        log = tempfile.TemporaryFile(prefix="grpo-sandbox-log-")
+        log = tempfile.TemporaryFile(prefix="grpo-sandbox-log-")  # noqa: SIM115 (the worker keeps it; _stop closes it)
         try:
             proc = subprocess.Popen(
                 self._argv(_harness.encode(config)),
@@ -332,19 +424,24 @@ class Sandbox:
         finally:
             for fd in (spec_w, verdict_r, out_r):
                 os.close(fd)
-        # Reuse the worker only when it killed everything the program left and wiped its files.
-        if server_died or not self.isolated or not worker.clean():
-            if self.isolated and not server_died:
+        # Without bwrap the server kills what the program left (its descendants) and is replaced after every
+        # program; with bwrap it is reused only when it also wiped the files and no process of the slot is left.
+        clean = not server_died and worker.clean()
+        if not (clean and self.isolated):
+            if not clean and not server_died:
                 logger.warning("sandbox worker %d could not clean up after a program; restarting it", slot)
             self._workers[slot] = _stop(worker)
         return result
 
-    def _supervise(self, worker, job, spec, nonce, spec_w, verdict_r, out_r, start) -> tuple[RunResult, bool]:
+    def _supervise(self, worker: _Worker, job: CodeJob, spec: dict[str, Any], nonce: bytes, spec_w: int,
+                   verdict_r: int, out_r: int, start: float) -> tuple[RunResult, bool]:
+        """Feed the program and its tests, collect the verdict and the output; (result, whether the server died)."""
         c = self.config
         pending = _frame(_harness.to_bytes(job.program)) + _frame(_harness.to_bytes(_harness.encode(spec)))
         os.set_blocking(spec_w, False)
         verdict, output = bytearray(), bytearray()
-        output_bytes, killed, server_died, verdict_done = 0, None, False, False
+        output_bytes, server_died, verdict_done = 0, False, False
+        killed: str | None = None
         deadline = start + c.timeout_s + _GRACE_S
         with selectors.DefaultSelector() as sel:
             sel.register(spec_w, selectors.EVENT_WRITE, "spec")
@@ -411,13 +508,14 @@ class Sandbox:
 
 
 class _StartError(RuntimeError):
-    pass
+    """A worker's sandbox did not start (its log tail is the message): its programs score None."""
 
 
 class _Worker:
     """One long-lived sandbox: bwrap running the harness's fork server as pid 1 of its pid namespace."""
 
-    def __init__(self, proc: subprocess.Popen, control: socket.socket, log: Any, workdir: str | None) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], control: socket.socket, log: IO[bytes],
+                 workdir: str | None) -> None:
         self.proc, self.control, self.log, self.workdir = proc, control, log, workdir
 
     def clean(self) -> bool:
@@ -441,10 +539,8 @@ def _stop(worker: _Worker | None) -> None:
     """Kill a worker's sandbox (its process group; bwrap's --die-with-parent takes the namespace with it)."""
     if worker is None:
         return None
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(worker.proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     worker.proc.wait()
     worker.control.close()
     worker.log.close()
@@ -464,7 +560,8 @@ def _frame(data: bytes) -> bytes:
 
 def _parse_verdict(data: bytes, nonce: bytes) -> RunResult | None:
     """The verdict ("started", payload, MAC) if the harness wrote one with a valid MAC; None when it wrote none."""
-    messages, pos = [], 0
+    messages: list[bytes] = []
+    pos = 0
     while pos + 4 <= len(data):
         n = int.from_bytes(data[pos : pos + 4], "big")
         if pos + 4 + n > len(data):

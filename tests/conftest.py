@@ -23,6 +23,17 @@ if "PREFECT_HOME" not in os.environ:
 setup()
 
 
+@pytest.fixture(scope="session")
+def code_sandbox() -> None:
+    """Skip where the code sandbox refuses to run programs (root without bubblewrap or an unprivileged uid)."""
+    from grpo_pipeline.rewards.sandbox import Sandbox, SandboxUnavailable
+
+    try:
+        Sandbox().close()
+    except SandboxUnavailable as e:
+        pytest.skip(f"the code sandbox cannot run programs here: {e}")
+
+
 @pytest.fixture
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():

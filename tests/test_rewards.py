@@ -26,7 +26,11 @@ def test_every_registered_reward_builds() -> None:
                 "repetition_penalty", "overlong", "code_tests", "judge"}
     assert expected <= set(REGISTRY)
     for name in REGISTRY:
-        fn = build_reward(name, needs_params.get(name))
+        try:
+            fn = build_reward(name, needs_params.get(name))
+        except RewardError as e:  # only where the code sandbox refuses to run programs (root without bwrap)
+            assert name == "code_tests" and "apt-get install bubblewrap" in str(e), e
+            continue
         assert callable(fn) and fn.__name__ == name
 
 
@@ -162,7 +166,8 @@ def test_overlong_soft_punishment() -> None:
         build_reward("overlong", {"max_len": 10, "cache_len": 20})
 
 
-def test_code_tests_mbpp_style() -> None:
+@pytest.mark.integration
+def test_code_tests_mbpp_style(code_sandbox: None) -> None:
     fn = build_reward("code_tests", {"timeout_s": 5})
     tests = ['assert remove_Occ("hello","l") == "heo"', 'assert remove_Occ("PHP","P") == "H"',
              'assert remove_Occ("abcabca","a") == "bcabc"']

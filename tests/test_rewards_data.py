@@ -37,7 +37,7 @@ def _columns(rows: list[dict]) -> dict[str, list]:
 
 
 @pytest.mark.integration
-def test_humaneval_canonical_pass_and_stubs_fail(humaneval: list[dict]) -> None:
+def test_humaneval_canonical_pass_and_stubs_fail(humaneval: list[dict], code_sandbox: None) -> None:
     fn = build_reward("code_tests", {"timeout_s": 10})
     prompts = [r["prompt"] for r in humaneval]
     canonical = fn(prompts=prompts, completions=[r["canonical_solution"] for r in humaneval], **_columns(humaneval))
@@ -49,7 +49,7 @@ def test_humaneval_canonical_pass_and_stubs_fail(humaneval: list[dict]) -> None:
 
 
 @pytest.mark.integration
-def test_humaneval_through_rewards_score(humaneval: list[dict], tmp_path: Path) -> None:
+def test_humaneval_through_rewards_score(humaneval: list[dict], tmp_path: Path, code_sandbox: None) -> None:
     source = tmp_path / "completions.jsonl"
     with source.open("w") as fh:
         for r in humaneval:

@@ -1,8 +1,15 @@
 """The sandbox against hostile programs: each must score 0, leave the host unharmed and finish within timeout + 2 s.
 
 Every program is a HumanEval-style answer for `f(x) == 2 * x`; each test also asserts that a canary file outside the
-sandbox is untouched and that this test process is alive. Tests that need real isolation (file system, network)
-are skipped when bubblewrap cannot run here (CI installs it: see .ci/run).
+sandbox is untouched and that this test process is alive. Hostile programs run only where the sandbox contains them
+(bubblewrap, or root dropping to an unprivileged uid): as a normal user without bubblewrap they would run as you,
+and kill(-1) would kill your processes, so those tests skip. Tests that need real isolation (file system, network)
+are skipped when bubblewrap cannot run here (CI installs it: see .ci/run). Tests that start sandboxes are marked
+`integration`; the wire-format tests at the end are plain unit tests.
+
+As root without bubblewrap, the default interpreter may be closed to other users (e.g. under /root/.pyenv), and the
+sandbox then refuses to run (tests/test_sandbox_root.py): these tests then use a system Python that unprivileged
+uids can run, so the rlimits-only fallback with its uid drop is what they test.
 """
 
 from __future__ import annotations
@@ -12,13 +19,25 @@ import select
 import socket
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from grpo_pipeline.rewards import sandbox as sandbox_module
 from grpo_pipeline.rewards._harness import Opaque, decode, encode
 from grpo_pipeline.rewards.code import humaneval_job
-from grpo_pipeline.rewards.sandbox import _BASE_UID, CodeJob, RunResult, Sandbox, SandboxConfig, bwrap_status
+from grpo_pipeline.rewards.sandbox import (
+    _BASE_UID,
+    CodeJob,
+    RunResult,
+    Sandbox,
+    SandboxConfig,
+    SandboxUnavailable,
+    bwrap_status,
+    unprivileged_uid_status,
+)
 
 TIMEOUT_S = 2.0
 PROMPT = "def f(x):\n    \"\"\"Return twice x.\"\"\"\n"
@@ -33,11 +52,40 @@ TEST = textwrap.dedent(
 SECRET = "grpo-sandbox-secret-7f3a"
 HAS_BWRAP = bwrap_status()[0]
 needs_bwrap = pytest.mark.skipif(not HAS_BWRAP, reason=f"bubblewrap unavailable: {bwrap_status()[1]}")
+SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
+
+
+def make_sandbox(**settings: Any) -> Sandbox:
+    """A sandbox with `settings`; where it refuses to run programs as root (no bwrap, Python closed to others), one
+    on a system Python that unprivileged uids can run; skip when there is none."""
+    try:
+        return Sandbox(SandboxConfig(**settings))
+    except SandboxUnavailable as e:
+        refused = e
+    python = None
+    if os.geteuid() == 0 and settings.get("isolation") != "bwrap":
+        python = next((p for p in SYSTEM_PYTHONS if os.path.exists(p) and unprivileged_uid_status(p)[0]), None)
+    if python is None:
+        pytest.skip(f"the sandbox cannot run here: {refused}")
+    return Sandbox(SandboxConfig(python=python, **settings))
+
+
+def require_containment(sandbox: Sandbox) -> Sandbox:
+    """`sandbox`, or skip: hostile programs (kill(-1), fork storms, ...) run only where they cannot reach the host."""
+    if not (sandbox.isolated or sandbox.drop_uid):
+        pytest.skip(f"no bubblewrap and not root: programs would run as this user (uid {os.geteuid()}), whose "
+                    "processes a hostile program could kill")
+    return sandbox
 
 
 @pytest.fixture(scope="module")
 def sandbox() -> Sandbox:
-    return Sandbox(SandboxConfig(timeout_s=TIMEOUT_S, memory_mb=512, max_processes=16, max_output_bytes=1 << 16))
+    return make_sandbox(timeout_s=TIMEOUT_S, memory_mb=512, max_processes=16, max_output_bytes=1 << 16)
+
+
+@pytest.fixture
+def contained(sandbox: Sandbox) -> Sandbox:
+    return require_containment(sandbox)
 
 
 @pytest.fixture
@@ -61,12 +109,14 @@ def assert_host_unharmed(canary: Path) -> None:
     assert os.getpid() > 0  # we are still running, i.e. not killed
 
 
+@pytest.mark.integration
 def test_honest_program_passes(sandbox: Sandbox) -> None:
     result = run_program(sandbox, "def f(x):\n    return 2 * x\n")
     assert result.status == "ok", result
     assert result.score() == 1.0 and (result.passed, result.total) == (3, 3)
 
 
+@pytest.mark.integration
 def test_partial_program_gets_fraction(sandbox: Sandbox) -> None:
     result = run_program(sandbox, "def f(x):\n    return 4 if x == 2 else 1\n")
     assert result.score("pass") == 0.0
@@ -182,19 +232,21 @@ HOSTILE = {
 }
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", sorted(HOSTILE))
-def test_hostile_program_scores_zero(sandbox: Sandbox, canary: Path, name: str) -> None:
-    result = run_program(sandbox, HOSTILE[name])
+def test_hostile_program_scores_zero(contained: Sandbox, canary: Path, name: str) -> None:
+    result = run_program(contained, HOSTILE[name])
     assert result.score() == 0.0, result
     assert result.score("fraction") == 0.0, result
     assert not result.infra_error
     assert_host_unharmed(canary)
 
 
-def test_fork_storm_leaves_no_processes(sandbox: Sandbox) -> None:
-    run_program(sandbox, HOSTILE["fork_storm"])
-    if os.geteuid() != 0:
+@pytest.mark.integration
+def test_fork_storm_leaves_no_processes(contained: Sandbox) -> None:
+    if not contained.drop_uid:
         pytest.skip("slot uids are only used when running as root")
+    run_program(contained, HOSTILE["fork_storm"])
     time.sleep(0.2)
     leftovers = []
     for status in Path("/proc").glob("[0-9]*/status"):
@@ -203,21 +255,24 @@ def test_fork_storm_leaves_no_processes(sandbox: Sandbox) -> None:
         except (OSError, StopIteration):
             continue
         uid = int(uid_line.split()[1])
-        if _BASE_UID <= uid < _BASE_UID + sandbox.workers:
+        if _BASE_UID <= uid < _BASE_UID + contained.workers:
             leftovers.append(status.parent.name)
     assert leftovers == []
 
 
+@pytest.mark.integration
 def test_output_limit_is_reported(sandbox: Sandbox) -> None:
     result = run_program(sandbox, HOSTILE["gigabyte_of_stdout"])
     assert result.status == "output_limit"
     assert len(result.output) <= sandbox.config.max_output_bytes
 
 
+@pytest.mark.integration
 def test_timeout_is_reported(sandbox: Sandbox) -> None:
     assert run_program(sandbox, HOSTILE["sleep_past_timeout"]).status == "timeout"
 
 
+@pytest.mark.integration
 def test_environment_secret_is_not_visible(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GRPO_SANDBOX_SECRET", SECRET)
     program = """
@@ -232,6 +287,7 @@ def test_environment_secret_is_not_visible(sandbox: Sandbox, monkeypatch: pytest
     assert SECRET not in result.output
 
 
+@pytest.mark.integration
 @needs_bwrap
 def test_host_files_are_not_visible(sandbox: Sandbox, canary: Path) -> None:
     program = f"""
@@ -245,6 +301,7 @@ def test_host_files_are_not_visible(sandbox: Sandbox, canary: Path) -> None:
     assert "FileNotFoundError" in result.detail
 
 
+@pytest.mark.integration
 @needs_bwrap
 def test_cannot_write_or_delete_outside(sandbox: Sandbox, canary: Path, tmp_path: Path) -> None:
     outside = tmp_path / "written-by-sandbox.txt"
@@ -270,6 +327,7 @@ def test_cannot_write_or_delete_outside(sandbox: Sandbox, canary: Path, tmp_path
     assert_host_unharmed(canary)
 
 
+@pytest.mark.integration
 @needs_bwrap
 def test_no_network(sandbox: Sandbox, canary: Path) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
@@ -292,7 +350,8 @@ def test_no_network(sandbox: Sandbox, canary: Path) -> None:
     assert_host_unharmed(canary)
 
 
-def test_cannot_kill_this_process(sandbox: Sandbox, canary: Path) -> None:
+@pytest.mark.integration
+def test_cannot_kill_this_process(contained: Sandbox, canary: Path) -> None:
     program = f"""
         import os, signal
         def f(x):
@@ -303,11 +362,12 @@ def test_cannot_kill_this_process(sandbox: Sandbox, canary: Path) -> None:
                     pass
             return -1
         """
-    result = run_program(sandbox, program)
+    result = run_program(contained, program)
     assert result.score() == 0.0
     assert_host_unharmed(canary)
 
 
+@pytest.mark.integration
 def test_runs_in_parallel_and_from_threads(sandbox: Sandbox) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
@@ -317,8 +377,10 @@ def test_runs_in_parallel_and_from_threads(sandbox: Sandbox) -> None:
     assert [r.score() for r in results] == [1.0] * 6
 
 
+@pytest.mark.integration
 def test_broken_tests_are_infrastructure_errors(sandbox: Sandbox) -> None:
-    job = humaneval_job(PROMPT, "    return 2 * x\n", "def check(candidate):\n    assert undefined_helper(candidate)\n", "f")
+    test = "def check(candidate):\n    assert undefined_helper(candidate)\n"
+    job = humaneval_job(PROMPT, "    return 2 * x\n", test, "f")
     # the check raises NameError inside its assert unit: a failed test, not an infrastructure error
     assert sandbox.run([job])[0].score() == 0.0
     broken = CodeJob(program="def f(x): return 2 * x", spec=dict(job.spec, test="this is not python"))
@@ -326,17 +388,20 @@ def test_broken_tests_are_infrastructure_errors(sandbox: Sandbox) -> None:
     assert result.infra_error and result.score() is None
 
 
-def test_sandbox_that_cannot_start_scores_none() -> None:
-    broken = Sandbox(SandboxConfig(isolation="none", python="/nonexistent/bin/python3", timeout_s=1))
+@pytest.mark.integration
+def test_sandbox_that_cannot_start_scores_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    broken = make_sandbox(timeout_s=1, workers=1)
+    monkeypatch.setattr(sandbox_module, "HARNESS_SOURCE", "import os; os._exit(3)")  # the server dies at start
     job = humaneval_job(PROMPT, "    return 2 * x\n", TEST, "f")
     result = broken.run([job])[0]
     assert result.score() is None and result.status == "infra_error"
+    assert result.detail == "sandbox did not start"
 
 
 @pytest.mark.parametrize(
     "value",
-    [None, True, 0, -(10**50), 1.5, float("inf"), -0.0, "é\n;:", b"\x00\xff", 1 + 2j, [1, (2, 3)], {1: "a", "b": [None]},
-     {1, 2}, frozenset({"x"}), range(1, 10, 3), ((),), {(1, 2): {3: 4.25}}],
+    [None, True, 0, -(10**50), 1.5, float("inf"), -0.0, "é\n;:", b"\x00\xff", 1 + 2j, [1, (2, 3)],
+     {1: "a", "b": [None]}, {1, 2}, frozenset({"x"}), range(1, 10, 3), ((),), {(1, 2): {3: 4.25}}],
 )
 def test_wire_format_round_trips_builtin_values(value: object) -> None:
     decoded = decode(encode(value))
@@ -353,12 +418,49 @@ def test_wire_format_makes_other_objects_opaque() -> None:
     assert list(decode(encode(iter([1, 2])))) == [1, 2]
 
 
+@pytest.fixture(scope="module")
+def fallback() -> Iterator[Sandbox]:
+    sandbox = make_sandbox(isolation="none", timeout_s=TIMEOUT_S)
+    yield sandbox
+    sandbox.close()
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["sys_exit_in_call", "eq_always_true", "sleep_past_timeout", "tamper_caller_frame"])
-def test_rlimits_only_fallback_still_scores_hostile_programs_zero(name: str) -> None:
-    fallback = Sandbox(SandboxConfig(isolation="none", timeout_s=TIMEOUT_S))
+def test_rlimits_only_fallback_still_scores_hostile_programs_zero(fallback: Sandbox, name: str) -> None:
     assert not fallback.isolated
     assert run_program(fallback, "def f(x):\n    return 2 * x\n").score() == 1.0
     assert run_program(fallback, HOSTILE[name]).score() == 0.0
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", ["kill_everything", "fork_storm", "kill_parent", "memory_bomb"])
+def test_rlimits_only_fallback_as_root_contains_hostile_programs(fallback: Sandbox, canary: Path, name: str) -> None:
+    if not fallback.drop_uid:
+        pytest.skip("without bubblewrap, only root's drop to an unprivileged uid contains these programs")
+    assert run_program(fallback, HOSTILE[name]).score() == 0.0
+    assert run_program(fallback, "def f(x):\n    return 2 * x\n").score() == 1.0
+    assert_host_unharmed(canary)
+
+
+@pytest.mark.integration
+def test_rlimits_only_fallback_kills_what_a_program_leaves(fallback: Sandbox) -> None:
+    program = """
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:  # a daemon, out of the program's session and process group
+                print("daemon", os.getpid(), flush=True)
+                time.sleep(60)
+            os._exit(0)
+        time.sleep(0.1)
+        def f(x):
+            return 2 * x
+        """
+    result = run_program(fallback, program)
+    assert result.score() == 1.0, result
+    pid = int(result.output.split("daemon")[1].split()[0])
+    assert not Path(f"/proc/{pid}").exists(), "the daemon outlived its sandbox"
 
 
 # ---------------------------------------------------------------- the long-lived worker sandboxes
@@ -411,7 +513,7 @@ CLEAN_SLATE = """
 
 
 @pytest.fixture
-def one_worker() -> Sandbox:
+def one_worker() -> Iterator[Sandbox]:
     sandbox = Sandbox(SandboxConfig(timeout_s=TIMEOUT_S, memory_mb=512, workers=1))
     yield sandbox
     sandbox.close()
@@ -423,6 +525,7 @@ def server_pid(sandbox: Sandbox) -> int:
     return worker.proc.pid
 
 
+@pytest.mark.integration
 @needs_bwrap
 def test_program_cannot_kill_or_trace_the_fork_server(one_worker: Sandbox, canary: Path) -> None:
     assert run_program(one_worker, "def f(x):\n    return 2 * x\n").score() == 1.0
@@ -434,6 +537,7 @@ def test_program_cannot_kill_or_trace_the_fork_server(one_worker: Sandbox, canar
     assert_host_unharmed(canary)
 
 
+@pytest.mark.integration
 @needs_bwrap
 def test_leftovers_of_a_program_never_reach_the_next(one_worker: Sandbox) -> None:
     assert run_program(one_worker, LEAVE_DAEMON).score() == 0.0
@@ -441,6 +545,7 @@ def test_leftovers_of_a_program_never_reach_the_next(one_worker: Sandbox) -> Non
     assert result.score() == 1.0, result
 
 
+@pytest.mark.integration
 @needs_bwrap
 def test_crashed_server_gives_none_then_restarts(one_worker: Sandbox) -> None:
     import signal
@@ -455,6 +560,7 @@ def test_crashed_server_gives_none_then_restarts(one_worker: Sandbox) -> None:
     assert server_pid(one_worker) != victim
 
 
+@pytest.mark.integration
 @needs_bwrap
 def test_files_a_program_locked_are_wiped(one_worker: Sandbox) -> None:
     program = """
@@ -469,6 +575,7 @@ def test_files_a_program_locked_are_wiped(one_worker: Sandbox) -> None:
     assert run_program(one_worker, CLEAN_SLATE).score() == 1.0
 
 
+@pytest.mark.integration
 @needs_bwrap
 def test_worker_that_cannot_clean_up_is_restarted(one_worker: Sandbox) -> None:
     program = """
