@@ -41,14 +41,29 @@ def run_pipeline(config: Path, run_dir: Path, overrides: list[str]) -> dict:
     summary_path = run_dir / "summary.json"
     env = {**os.environ, "PREFECT_HOME": str(run_dir.resolve() / ".prefect")}
     env.pop("MLFLOW_TRACKING_URI", None)  # the run directory's own store, so the benchmark can read it back
-    cmd = [sys.executable, "-m", "grpo_pipeline.cli", "run", "--config", str(config), f"run_dir={run_dir}", *overrides,
-           "--summary-json", str(summary_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "grpo_pipeline.cli",
+        "run",
+        "--config",
+        str(config),
+        f"run_dir={run_dir}",
+        *overrides,
+        "--summary-json",
+        str(summary_path),
+    ]
     print("$", " ".join(cmd), flush=True)
     start = time.perf_counter()
     subprocess.run(cmd, cwd=REPO, env=env, check=True)
     total_s = time.perf_counter() - start
-    record = {"command": cmd, "total_s": total_s, "summary": json.loads(summary_path.read_text()),
-              "overrides": overrides, "config": str(config)}
+    record = {
+        "command": cmd,
+        "total_s": total_s,
+        "summary": json.loads(summary_path.read_text()),
+        "overrides": overrides,
+        "config": str(config),
+    }
     (run_dir / RECORD).write_text(json.dumps(record, indent=2))
     return record
 
@@ -104,15 +119,20 @@ def main() -> None:
     n = len(before)
 
     print()
-    print(f"recipe {cfg.name} ({args.config.name}), held-out problems n={n}, greedy decoding, "
-          f"pass@k with n={cfg.eval.n_samples} samples at T={cfg.eval.temperature}")
+    print(
+        f"recipe {cfg.name} ({args.config.name}), held-out problems n={n}, greedy decoding, "
+        f"pass@k with n={cfg.eval.n_samples} samples at T={cfg.eval.temperature}"
+    )
     for row in summary["scores"]:
         m = row["metrics"]
         passk = ", ".join(f"{k.replace('_at_', '@')} {v:.3f}" for k, v in m.items() if k.startswith("pass"))
         print(f"  {row['model']:<14} accuracy {m['accuracy']:.3f}   {passk}")
-    print(f"  GRPO round {last_round} - SFT: {100 * diff:+.1f} points, paired bootstrap 95% CI "
-          f"[{100 * low:+.1f}, {100 * high:+.1f}] (10,000 resamples); "
-          f"{sum(a > b for a, b in zip(after, before))} problems fixed, {sum(a < b for a, b in zip(after, before))} broken")
+    pairs = list(zip(after, before, strict=True))
+    print(
+        f"  GRPO round {last_round} - SFT: {100 * diff:+.1f} points, paired bootstrap 95% CI "
+        f"[{100 * low:+.1f}, {100 * high:+.1f}] (10,000 resamples); "
+        f"{sum(a > b for a, b in pairs)} problems fixed, {sum(a < b for a, b in pairs)} broken"
+    )
     by_round = [details(run_dir, f"r{r}")["greedy_correct"] for r in range(1, last_round)] + [after]
     for r in range(2, last_round + 1):  # does a later round keep what the earlier one gained?
         d, lo, hi = paired_bootstrap_ci(by_round[r - 2], by_round[r - 1], n_boot=10_000, seed=0)
@@ -122,19 +142,25 @@ def main() -> None:
         for label, keep in (("needing a carry", True), ("without a carry", False)):
             idx = [i for i, c in enumerate(carry) if c == keep]
             if idx:
-                print(f"  problems {label} (n={len(idx)}): SFT {sum(before[i] for i in idx) / len(idx):.3f} -> "
-                      f"GRPO {sum(after[i] for i in idx) / len(idx):.3f}")
+                print(
+                    f"  problems {label} (n={len(idx)}): SFT {sum(before[i] for i in idx) / len(idx):.3f} -> "
+                    f"GRPO {sum(after[i] for i in idx) / len(idx):.3f}"
+                )
     for reg in summary["registrations"]:
         c = curves(run_dir, reg["run_id"])
         r, acc, zero = c["reward"], c["rewards/correctness/mean"], c["frac_reward_zero_std"]
         probe = c["probe/greedy_accuracy"]
-        print(f"  sampled reward (model version {reg['version']}): {_mean_of(r, True):.3f} -> {_mean_of(r, False):.3f} "
-              f"(mean of first/last 3 logs, steps {r[0][0] if r else '-'}..{r[-1][0] if r else '-'}); "
-              f"sampled accuracy {_mean_of(acc, True):.3f} -> {_mean_of(acc, False):.3f}; "
-              f"groups with zero reward std {_mean_of(zero, True):.2f} -> {_mean_of(zero, False):.2f}")
+        print(
+            f"  sampled reward (model version {reg['version']}): {_mean_of(r, True):.3f} -> {_mean_of(r, False):.3f} "
+            f"(mean of first/last 3 logs, steps {r[0][0] if r else '-'}..{r[-1][0] if r else '-'}); "
+            f"sampled accuracy {_mean_of(acc, True):.3f} -> {_mean_of(acc, False):.3f}; "
+            f"groups with zero reward std {_mean_of(zero, True):.2f} -> {_mean_of(zero, False):.2f}"
+        )
         if probe:
-            print(f"  held-out probe ({min(cfg.grpo.probe_problems, n)} problems, greedy, by step): "
-                  + " ".join(f"{s}:{v:.2f}" for s, v in probe))
+            print(
+                f"  held-out probe ({min(cfg.grpo.probe_problems, n)} problems, greedy, by step): "
+                + " ".join(f"{s}:{v:.2f}" for s, v in probe)
+            )
     print("  wall time per stage:")
     for s in summary["stages"]:
         print(f"    {s['stage']:<16} {s['seconds']:7.1f} s{'  (cached)' if s['cached'] else ''}")

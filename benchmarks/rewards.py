@@ -23,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from grpo_pipeline.rewards.code import humaneval_job  # noqa: E402
-from grpo_pipeline.rewards.sandbox import Sandbox, SandboxConfig  # noqa: E402
+from grpo_pipeline.rewards.code import humaneval_job
+from grpo_pipeline.rewards.sandbox import Sandbox, SandboxConfig
 
 logger = logging.getLogger("benchmarks.rewards")
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "HumanEval.jsonl.gz"
@@ -37,13 +37,18 @@ def naive(rows: list[dict], timeout_s: float) -> list[bool]:
         for i, row in enumerate(rows):
             path = Path(tmp) / f"test_{i}.py"
             path.write_text(
-                row["prompt"] + row["canonical_solution"] + "\n" + row["test"]
+                row["prompt"]
+                + row["canonical_solution"]
+                + "\n"
+                + row["test"]
                 + f"\n\ndef test_check():\n    check({row['entry_point']})\n"
             )
             try:
                 r = subprocess.run(
                     [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path)],
-                    capture_output=True, timeout=timeout_s + 10, cwd=tmp,
+                    capture_output=True,
+                    timeout=timeout_s + 10,
+                    cwd=tmp,
                 )
                 verdicts.append(r.returncode == 0)
             except subprocess.TimeoutExpired:
@@ -59,7 +64,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if not DATA.exists():
         sys.exit(f"{DATA} not found: put HumanEval.jsonl.gz in ../shared/data beside the repository")
-    rows = [json.loads(line) for line in gzip.open(DATA, "rt")][: args.limit]
+    with gzip.open(DATA, "rt") as fh:
+        rows = [json.loads(line) for line in fh][: args.limit]
 
     sandbox = Sandbox(SandboxConfig(timeout_s=args.timeout))
     jobs = [humaneval_job(r["prompt"], r["canonical_solution"], r["test"], r["entry_point"]) for r in rows]
@@ -69,8 +75,13 @@ def main() -> None:
     sandbox_s = time.perf_counter() - start
     sandbox.close()
     ours = [r.score() == 1.0 for r in results]
-    logger.info("sandbox (isolated=%s, %d workers): %.2f s for %d programs", sandbox.isolated, sandbox.workers,
-                sandbox_s, len(rows))
+    logger.info(
+        "sandbox (isolated=%s, %d workers): %.2f s for %d programs",
+        sandbox.isolated,
+        sandbox.workers,
+        sandbox_s,
+        len(rows),
+    )
 
     start = time.perf_counter()
     theirs = naive(rows, args.timeout)
@@ -81,8 +92,10 @@ def main() -> None:
     if disagree:
         sys.exit(f"verdicts disagree on {len(disagree)} problems: {disagree[:10]}")
     logger.info("verdicts agree on all %d problems (%d pass)", len(rows), sum(ours))
-    print(f"speedup={naive_s / sandbox_s:.1f} isolated={str(sandbox.isolated).lower()} "
-          f"per_exec_ms={1000 * sandbox_s / len(rows):.1f}")
+    print(
+        f"speedup={naive_s / sandbox_s:.1f} isolated={str(sandbox.isolated).lower()} "
+        f"per_exec_ms={1000 * sandbox_s / len(rows):.1f}"
+    )
 
 
 if __name__ == "__main__":

@@ -109,9 +109,7 @@ class TinyModelConfig(_Section):
     @model_validator(mode="after")
     def _heads_divide(self) -> TinyModelConfig:
         if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})"
-            )
+            raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})")
         return self
 
 
@@ -204,7 +202,9 @@ class EvalConfig(_Section):
     def _k_fits_n(self) -> EvalConfig:
         too_big = [k for k in self.k if k > self.n_samples]
         if too_big:
-            raise ValueError(f"eval.k values {too_big} exceed eval.n_samples={self.n_samples}; raise n_samples or drop them")
+            raise ValueError(
+                f"eval.k values {too_big} exceed eval.n_samples={self.n_samples}; raise n_samples or drop them"
+            )
         return self
 
 

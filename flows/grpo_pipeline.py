@@ -101,8 +101,17 @@ def grpo_pipeline(config: PipelineConfig) -> Summary:
     for r in range(1, cfg.grpo.rounds + 1):
         # Each round starts from the previous policy; TRL builds the reference model from it (reset per round).
         policy = _run(
-            records, f"grpo_train-r{r}", grpo_train, policy, data.train, cfg.grpo, cfg.model, r, ctx,
-            held_out=data.eval, correctness_reward=cfg.eval.correctness_reward,
+            records,
+            f"grpo_train-r{r}",
+            grpo_train,
+            policy,
+            data.train,
+            cfg.grpo,
+            cfg.model,
+            r,
+            ctx,
+            held_out=data.eval,
+            correctness_reward=cfg.eval.correctness_reward,
         )
         result = _run(records, f"evaluate-r{r}", evaluate, policy, data.eval, cfg.eval, ctx, label=f"r{r}")
         registration = None

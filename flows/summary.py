@@ -62,18 +62,37 @@ class Summary(BaseModel):
         return list(self.scores[0].metrics) if self.scores else []
 
     def to_markdown(self) -> str:
-        lines = [f"## grpo-pipeline: {self.recipe} (config {self.config_hash})", "", "| stage | wall time (s) | cached |", "|---|---:|---|"]
+        lines = [
+            f"## grpo-pipeline: {self.recipe} (config {self.config_hash})",
+            "",
+            "| stage | wall time (s) | cached |",
+            "|---|---:|---|",
+        ]
         lines += [f"| {s.stage} | {s.seconds:.1f} | {'yes' if s.cached else 'no'} |" for s in self.stages]
         lines.append(f"| **total** | {self.total_seconds:.1f} | |")
         cols = self.score_columns()
         settings = ", ".join(f"{k}={v}" for k, v in self.eval_settings.items())
-        lines += ["", f"Held-out scores ({settings}):", "", "| model | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+        lines += [
+            "",
+            f"Held-out scores ({settings}):",
+            "",
+            "| model | " + " | ".join(cols) + " |",
+            "|---|" + "---:|" * len(cols),
+        ]
         lines += [f"| {row.model} | " + " | ".join(f"{row.metrics[c]:.3f}" for c in cols) + " |" for row in self.scores]
         if self.registrations:
-            lines += ["", "| registered model | version | alias | gating metric | value | previous champion |", "|---|---|---|---|---:|---|"]
+            lines += [
+                "",
+                "| registered model | version | alias | gating metric | value | previous champion |",
+                "|---|---|---|---|---:|---|",
+            ]
             lines += [
                 f"| {r.model_name} | {r.version} | {r.alias} | {r.gating_metric} | {r.gating_value:.3f} | "
-                f"{'-' if r.previous_champion is None else f'v{r.previous_champion} ({r.previous_champion_value:.3f})'} |"
+                f"{_previous_champion(r)} |"
                 for r in self.registrations
             ]
         return "\n".join(lines)
+
+
+def _previous_champion(r: Registration) -> str:
+    return "-" if r.previous_champion is None else f"v{r.previous_champion} ({r.previous_champion_value:.3f})"

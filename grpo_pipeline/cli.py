@@ -42,7 +42,9 @@ def _load(config: Path | None, overrides: list[str] | None) -> PipelineConfig:
 def run(
     config: ConfigOpt = None,
     overrides: OverridesArg = None,
-    refresh: Annotated[bool, typer.Option("--refresh", help="Ignore cached stage results and rerun everything.")] = False,
+    refresh: Annotated[
+        bool, typer.Option("--refresh", help="Ignore cached stage results and rerun everything.")
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
     summary_json: Annotated[
         Path | None, typer.Option("--summary-json", help="Also write the run summary as JSON to this file.")

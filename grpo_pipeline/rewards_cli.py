@@ -32,8 +32,9 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError as e:
                 raise typer.BadParameter(f"{path}:{line_no}: not valid JSON ({e})", param_hint="--input") from None
             if not isinstance(row, dict) or "completion" not in row:
-                raise typer.BadParameter(f"{path}:{line_no}: a row must be an object with a 'completion' field",
-                                         param_hint="--input")
+                raise typer.BadParameter(
+                    f"{path}:{line_no}: a row must be an object with a 'completion' field", param_hint="--input"
+                )
             rows.append(row)
     if not rows:
         raise typer.BadParameter(f"{path} has no rows", param_hint="--input")
@@ -47,20 +48,39 @@ def summarize(scores: list[float | None]) -> dict[str, float | int | None]:
         return {"n": 0, "none": len(scores), "mean": None, "std": None, "min": None, "max": None}
     mean = sum(values) / len(values)
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
-    return {"n": len(values), "none": len(scores) - len(values), "mean": mean, "std": std,
-            "min": min(values), "max": max(values)}
+    return {
+        "n": len(values),
+        "none": len(scores) - len(values),
+        "mean": mean,
+        "std": std,
+        "min": min(values),
+        "max": max(values),
+    }
 
 
 @rewards_app.command("score")
 def score(
-    input: Annotated[Path, typer.Option("--input", "-i", exists=True, dir_okay=False,
-                                        help="JSONL rows: prompt, completion, plus the columns rewards need "
-                                             "(answer, test, entry_point, test_list, ...).")],
+    input: Annotated[
+        Path,
+        typer.Option(
+            "--input",
+            "-i",
+            exists=True,
+            dir_okay=False,
+            help="JSONL rows: prompt, completion, plus the columns rewards need "
+            "(answer, test, entry_point, test_list, ...).",
+        ),
+    ],
     config: Annotated[Path | None, typer.Option("--config", "-c", help="Recipe whose grpo.rewards to use.")] = None,
-    rewards: Annotated[str | None, typer.Option("--rewards", "-r", help="Comma-separated reward names or "
-                                                "pkg.module:fn paths, with default params.")] = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write each row back with one field per "
-                                                "reward score (JSONL).")] = None,
+    rewards: Annotated[
+        str | None,
+        typer.Option(
+            "--rewards", "-r", help="Comma-separated reward names or pkg.module:fn paths, with default params."
+        ),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write each row back with one field per reward score (JSONL).")
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Score every row with every reward; print per-reward mean/std/min/max."""

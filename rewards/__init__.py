@@ -6,14 +6,13 @@ Rewards are built from config entries `{name, weight, params}`: `name` is a regi
 `pkg.module:function` to a user's own reward (or reward factory, when `params` are given). See docs/rewards.md.
 """
 
-from grpo_pipeline.rewards.registry import REGISTRY, build_reward, build_rewards, completion_text, register
-
 # Importing the built-in modules registers their rewards.
-from grpo_pipeline.rewards import arith as _arith  # noqa: E402,F401
-from grpo_pipeline.rewards import code as _code  # noqa: E402,F401
-from grpo_pipeline.rewards import format as _format  # noqa: E402,F401
-from grpo_pipeline.rewards import judge as _judge  # noqa: E402,F401
-from grpo_pipeline.rewards import length as _length  # noqa: E402,F401
-from grpo_pipeline.rewards import math as _math  # noqa: E402,F401
+from grpo_pipeline.rewards import arith as _arith  # noqa: F401
+from grpo_pipeline.rewards import code as _code  # noqa: F401
+from grpo_pipeline.rewards import format as _format  # noqa: F401
+from grpo_pipeline.rewards import judge as _judge  # noqa: F401
+from grpo_pipeline.rewards import length as _length  # noqa: F401
+from grpo_pipeline.rewards import math as _math  # noqa: F401
+from grpo_pipeline.rewards.registry import REGISTRY, build_reward, build_rewards, completion_text, register
 
 __all__ = ["REGISTRY", "build_reward", "build_rewards", "completion_text", "register"]

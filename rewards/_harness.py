@@ -58,7 +58,7 @@ def read_message(fd: int) -> bytes:
 def write_message(fd: int, data: bytes) -> None:
     data = len(data).to_bytes(4, "big") + data
     while data:
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]
 
 
 def encode(x: object, depth: int = 0) -> str:
@@ -359,8 +359,14 @@ def run_tests(spec: dict[str, Any], channel: Channel) -> dict[str, Any]:
     """Run the tests against the program; returns the payload of the verdict."""
     import builtins
 
-    result: dict[str, Any] = {"loaded": False, "passed": 0, "total": int(spec["total"]), "completed": False,
-                              "error": "", "timeout": False}
+    result: dict[str, Any] = {
+        "loaded": False,
+        "passed": 0,
+        "total": int(spec["total"]),
+        "completed": False,
+        "error": "",
+        "timeout": False,
+    }
     try:
         names = channel.ready()
     except CandidateFailure as e:

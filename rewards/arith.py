@@ -28,7 +28,7 @@ def digit_match_score(predicted: str, gold: str) -> float:
     if p.startswith("-") != g.startswith("-"):
         return 0.0
     p, g = p.lstrip("-"), g.lstrip("-")
-    same = sum(a == b for a, b in zip(reversed(p), reversed(g)))
+    same = sum(a == b for a, b in zip(reversed(p), reversed(g), strict=False))  # lengths may differ
     return same / max(len(p), len(g))
 
 
@@ -40,8 +40,6 @@ def digit_match_reward() -> RewardFn:
     """
 
     def digit_match(prompts, completions, answer, **kwargs) -> list[float | None]:
-        return [
-            digit_match_score(completion_text(c), str(gold)) for c, gold in zip(completions, answer, strict=True)
-        ]
+        return [digit_match_score(completion_text(c), str(gold)) for c, gold in zip(completions, answer, strict=True)]
 
     return digit_match

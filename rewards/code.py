@@ -89,15 +89,18 @@ def instrument_check(test: str) -> tuple[str, int]:
         if nested_def or not any(isinstance(n, ast.Assert) for n in ast.walk(stmt)):
             body.append(stmt)
             continue
-        def record(method: str, *extra: ast.expr) -> ast.Expr:
+
+        def record(method: str, *extra: ast.expr, unit: int = units) -> ast.Expr:
             target = ast.Attribute(ast.Name("_grpo_units_", ast.Load()), method, ast.Load())
-            return ast.Expr(ast.Call(target, [ast.Constant(units), *extra], []))
+            return ast.Expr(ast.Call(target, [ast.Constant(unit), *extra], []))
 
         error = ast.Name("_grpo_error_", ast.Load())
         body.append(
             ast.Try(
                 body=[stmt],
-                handlers=[ast.ExceptHandler(ast.Name("Exception", ast.Load()), "_grpo_error_", [record("fail", error)])],
+                handlers=[
+                    ast.ExceptHandler(ast.Name("Exception", ast.Load()), "_grpo_error_", [record("fail", error)])
+                ],
                 orelse=[record("ok")],
                 finalbody=[],
             )
@@ -120,10 +123,10 @@ def humaneval_job(prompt: str, completion: str, test: str, entry_point: str) -> 
     """A sandbox job for a HumanEval-style row."""
     code = extract_code(completion)
     setup = prompt if is_python(prompt) else ""
-    if defines_function(code, entry_point):
+    if not defines_function(code, entry_point):
+        program = prompt + code  # a continuation of the prompt (the HumanEval protocol)
+    else:
         program = f"{setup}\n{code}" if setup else code
-    else:  # a continuation of the prompt (the HumanEval protocol)
-        program = prompt + code
     test_source, units = instrument_check(test)
     spec = {"kind": "humaneval", "setup": setup, "test": test_source, "entry_point": entry_point, "total": units}
     return CodeJob(program=program, spec=spec)
@@ -135,8 +138,13 @@ def asserts_job(completion: str, asserts: Sequence[str], setup: str = "") -> Cod
     for s in statements:
         if not is_python(s):
             raise TestSpecError(f"test {s!r} does not parse")
-    spec = {"kind": "asserts", "asserts": list(statements), "setup": setup or "", "total": len(statements),
-            "imports": _stdlib_names(statements)}
+    spec = {
+        "kind": "asserts",
+        "asserts": list(statements),
+        "setup": setup or "",
+        "total": len(statements),
+        "imports": _stdlib_names(statements),
+    }
     return CodeJob(program=extract_code(completion), spec=spec)
 
 
@@ -200,8 +208,14 @@ def code_tests_reward(
         raise ValueError(f"mode must be 'pass' or 'fraction', got {mode!r}")
     try:
         config = SandboxConfig(
-            timeout_s=timeout_s, memory_mb=memory_mb, max_processes=max_processes, max_output_bytes=max_output_bytes,
-            workers=workers, isolation=isolation, python=python, extra_ro_paths=tuple(extra_ro_paths),
+            timeout_s=timeout_s,
+            memory_mb=memory_mb,
+            max_processes=max_processes,
+            max_output_bytes=max_output_bytes,
+            workers=workers,
+            isolation=isolation,
+            python=python,
+            extra_ro_paths=tuple(extra_ro_paths),
         )
         default_sandbox(config)  # a sandbox that refuses to run here says so once, now, not on every batch
     except (SandboxUnavailable, ValueError) as e:

@@ -52,8 +52,11 @@ def _chat(client: httpx.Client, url: str, body: dict[str, Any], headers: dict[st
             r.raise_for_status()
             return r.json()["choices"][0]["message"]["content"] or ""
         except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
-            retryable = not isinstance(e, httpx.HTTPStatusError) or e.response.status_code in (429,) or \
-                e.response.status_code >= 500
+            retryable = (
+                not isinstance(e, httpx.HTTPStatusError)
+                or e.response.status_code in (429,)
+                or e.response.status_code >= 500
+            )
             if attempt < retries and retryable:
                 time.sleep(min(0.2 * 2**attempt, 2.0))
                 continue

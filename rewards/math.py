@@ -91,8 +91,9 @@ def _verify_here(pairs: list[tuple[str, str]], timeout_s: int) -> list[bool | No
                 parsing_timeout=timeout_s,
                 raise_on_error=True,
             )
-            out.append(bool(pred_parsed) and verify(gold_parsed, pred_parsed, timeout_seconds=timeout_s,
-                                                   raise_on_error=True))
+            out.append(
+                bool(pred_parsed) and verify(gold_parsed, pred_parsed, timeout_seconds=timeout_s, raise_on_error=True)
+            )
         except TimeoutException:
             logger.warning("math-verify timed out (%ss) on gold %r; scoring None", timeout_s, gold[:100])
             out.append(None)
@@ -162,8 +163,9 @@ def math_scores(completions: list[str], golds: list[str], timeout_s: int = 5) ->
         else:
             slow.append(i)
     if slow:
-        verdicts = verify_batch([(extract_gold(str(golds[i])), prediction_text(completions[i])) for i in slow],
-                                timeout_s)
+        verdicts = verify_batch(
+            [(extract_gold(str(golds[i])), prediction_text(completions[i])) for i in slow], timeout_s
+        )
         for i, v in zip(slow, verdicts, strict=True):
             scores[i] = None if v is None else float(v)
     return scores

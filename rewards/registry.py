@@ -42,7 +42,9 @@ def completion_text(completion: Any) -> str:
 def _import_dotted(path: str) -> Any:
     module_name, _, attr = path.partition(":")
     if not attr:
-        raise RewardError(f"reward {path!r} is neither registered ({sorted(REGISTRY)}) nor a 'pkg.module:function' path")
+        raise RewardError(
+            f"reward {path!r} is neither registered ({sorted(REGISTRY)}) nor a 'pkg.module:function' path"
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:

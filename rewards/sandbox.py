@@ -261,7 +261,9 @@ class Sandbox:
             logger.warning(
                 "SANDBOX ISOLATION IS OFF (%s): programs run with rlimits only, as your user (uid %d): they can read "
                 "and change your files, signal your processes and use the network. Install bubblewrap (apt-get "
-                "install bubblewrap) before running untrusted code.", no_bwrap, os.geteuid()
+                "install bubblewrap) before running untrusted code.",
+                no_bwrap,
+                os.geteuid(),
             )
             return
         self.drop_uid, no_uid = unprivileged_uid_status(self.python)
@@ -269,7 +271,10 @@ class Sandbox:
             logger.warning(
                 "SANDBOX ISOLATION IS OFF (%s): programs run with rlimits only, as unprivileged uids %d-%d: they can "
                 "read world-readable files and use the network. Install bubblewrap (apt-get install bubblewrap) "
-                "before running untrusted code.", no_bwrap, _BASE_UID, _BASE_UID + self.workers - 1
+                "before running untrusted code.",
+                no_bwrap,
+                _BASE_UID,
+                _BASE_UID + self.workers - 1,
             )
             return
         if c.isolation != "unsafe-root":
@@ -278,7 +283,9 @@ class Sandbox:
         logger.critical(
             "SANDBOX RUNS MODEL-WRITTEN PROGRAMS AS ROOT (isolation='unsafe-root'; %s; %s): ANY PROGRAM CAN KILL EVERY "
             "PROCESS ON THIS MACHINE, READ AND DELETE EVERY FILE AND USE THE NETWORK. Install bubblewrap (apt-get "
-            "install bubblewrap) and drop isolation='unsafe-root'.", no_bwrap, no_uid
+            "install bubblewrap) and drop isolation='unsafe-root'.",
+            no_bwrap,
+            no_uid,
         )
 
     def _stop_workers(self) -> None:
@@ -306,8 +313,19 @@ class Sandbox:
         # and every process a program leaves behind is re-parented to it (so it can tell when all are gone)
         argv = ["bwrap", "--die-with-parent", "--new-session", "--clearenv", "--as-pid-1"]
         if self.is_root:  # no user namespace: the harness drops to a real unprivileged uid (see module docstring)
-            argv += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-                     "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+            argv += [
+                "--unshare-ipc",
+                "--unshare-pid",
+                "--unshare-net",
+                "--unshare-uts",
+                "--unshare-cgroup-try",
+                "--cap-drop",
+                "ALL",
+                "--cap-add",
+                "CAP_SETUID",
+                "--cap-add",
+                "CAP_SETGID",
+            ]
         else:
             argv += ["--unshare-all", "--uid", str(_SANDBOX_UID), "--gid", str(_SANDBOX_UID)]
         argv += ["--ro-bind", "/usr", "/usr"]
@@ -325,9 +343,27 @@ class Sandbox:
                     made.add(str(parent))
                     argv += ["--perms", "0755", "--dir", str(parent)]
             argv += ["--ro-bind", path, path]
-        argv += ["--proc", "/proc", "--dev", "/dev",
-                 "--perms", "1777", "--size", tmpfs_bytes, "--tmpfs", "/tmp",
-                 "--perms", "0777", "--size", tmpfs_bytes, "--tmpfs", "/work", "--chdir", "/work", "--"]
+        argv += [
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--perms",
+            "1777",
+            "--size",
+            tmpfs_bytes,
+            "--tmpfs",
+            "/tmp",
+            "--perms",
+            "0777",
+            "--size",
+            tmpfs_bytes,
+            "--tmpfs",
+            "/work",
+            "--chdir",
+            "/work",
+            "--",
+        ]
         return argv + harness
 
     # ------------------------------------------------------------ running
@@ -355,8 +391,7 @@ class Sandbox:
         """Start the fork server of slot `slot` and wait until it has loaded (its uid is 61000 + slot)."""
         host_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # "clean": kill(-1) between programs, only where it cannot reach beyond this worker's pid namespace
-        config: dict[str, Any] = {"control_fd": server_end.fileno(), "rlimits": self._limits(),
-                                  "clean": self.isolated}
+        config: dict[str, Any] = {"control_fd": server_end.fileno(), "rlimits": self._limits(), "clean": self.isolated}
         uid = _BASE_UID + slot
         if self.drop_uid:
             config["uid"] = uid
@@ -406,8 +441,12 @@ class Sandbox:
             except _StartError as e:
                 self._workers[slot] = None
                 logger.error("sandbox did not start: %s", e)
-                return RunResult(status="infra_error", detail="sandbox did not start", output=str(e),
-                                 seconds=time.monotonic() - start)
+                return RunResult(
+                    status="infra_error",
+                    detail="sandbox did not start",
+                    output=str(e),
+                    seconds=time.monotonic() - start,
+                )
         nonce = secrets.token_bytes(32)
         spec = dict(job.spec, nonce=nonce.hex(), timeout=c.timeout_s)
         spec_r, spec_w = os.pipe()
@@ -433,8 +472,17 @@ class Sandbox:
             self._workers[slot] = _stop(worker)
         return result
 
-    def _supervise(self, worker: _Worker, job: CodeJob, spec: dict[str, Any], nonce: bytes, spec_w: int,
-                   verdict_r: int, out_r: int, start: float) -> tuple[RunResult, bool]:
+    def _supervise(
+        self,
+        worker: _Worker,
+        job: CodeJob,
+        spec: dict[str, Any],
+        nonce: bytes,
+        spec_w: int,
+        verdict_r: int,
+        out_r: int,
+        start: float,
+    ) -> tuple[RunResult, bool]:
         """Feed the program and its tests, collect the verdict and the output; (result, whether the server died)."""
         c = self.config
         pending = _frame(_harness.to_bytes(job.program)) + _frame(_harness.to_bytes(_harness.encode(spec)))
@@ -458,7 +506,7 @@ class Sandbox:
                 for key, _ in sel.select(timeout=left):
                     if key.data == "spec":
                         try:
-                            pending = pending[os.write(spec_w, pending):]
+                            pending = pending[os.write(spec_w, pending) :]
                         except (BrokenPipeError, BlockingIOError) as e:
                             pending = b"" if isinstance(e, BrokenPipeError) else pending
                         if not pending:
@@ -495,16 +543,15 @@ class Sandbox:
             return result, server_died
         if server_died:  # not the program's doing: it cannot signal or trace the server (pid 1, another uid)
             logger.error("sandbox server died during a program: %s", worker.log_tail())
-            return RunResult(status="infra_error", detail="the sandbox server died", output=text,
-                             seconds=seconds), True
+            return RunResult(status="infra_error", detail="the sandbox server died", output=text, seconds=seconds), True
         if killed:
             return RunResult(status=killed, detail=f"killed: {killed}", output=text, seconds=seconds), False
         if not verdict.startswith(_frame(b"started")):
             logger.error("sandbox did not start a program: %s", text.strip()[-2000:])
-            return RunResult(status="infra_error", detail="sandbox did not start", output=text,
-                             seconds=seconds), False
-        return RunResult(status="no_verdict", detail="the harness died before writing a verdict",
-                         output=text, seconds=seconds), False
+            return RunResult(status="infra_error", detail="sandbox did not start", output=text, seconds=seconds), False
+        return RunResult(
+            status="no_verdict", detail="the harness died before writing a verdict", output=text, seconds=seconds
+        ), False
 
 
 class _StartError(RuntimeError):
@@ -514,8 +561,9 @@ class _StartError(RuntimeError):
 class _Worker:
     """One long-lived sandbox: bwrap running the harness's fork server as pid 1 of its pid namespace."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], control: socket.socket, log: IO[bytes],
-                 workdir: str | None) -> None:
+    def __init__(
+        self, proc: subprocess.Popen[bytes], control: socket.socket, log: IO[bytes], workdir: str | None
+    ) -> None:
         self.proc, self.control, self.log, self.workdir = proc, control, log, workdir
 
     def clean(self) -> bool:

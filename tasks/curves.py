@@ -60,9 +60,9 @@ class HeldOutAccuracyProbe(TrainerCallback):
         self._measure(0, model)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        if state.global_step % self.every_steps == 0 or state.global_step == state.max_steps:
-            if not self.history or self.history[-1][0] != state.global_step:
-                self._measure(state.global_step, model)
+        due = state.global_step % self.every_steps == 0 or state.global_step == state.max_steps
+        if due and (not self.history or self.history[-1][0] != state.global_step):
+            self._measure(state.global_step, model)
 
 
 def learning_curve_figure(
@@ -85,10 +85,19 @@ def learning_curve_figure(
             steps, values = zip(*points, strict=True)
             ax.plot(steps, values, style, color=color, label=label, markersize=3, linewidth=1.4)
     if sft_accuracy is not None:
-        ax.axhline(sft_accuracy, color="gray", linestyle="--", linewidth=1, label=f"SFT greedy accuracy ({sft_accuracy:.3f})")
+        ax.axhline(
+            sft_accuracy, color="gray", linestyle="--", linewidth=1, label=f"SFT greedy accuracy ({sft_accuracy:.3f})"
+        )
     if final_accuracy is not None:
         last = max((s for pts in history.values() for s, _ in pts), default=0)
-        ax.plot([last], [final_accuracy], "*", color="tab:red", markersize=11, label=f"GRPO greedy accuracy ({final_accuracy:.3f})")
+        ax.plot(
+            [last],
+            [final_accuracy],
+            "*",
+            color="tab:red",
+            markersize=11,
+            label=f"GRPO greedy accuracy ({final_accuracy:.3f})",
+        )
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("reward / accuracy")
     ax.set_title(title)
@@ -101,4 +110,3 @@ def learning_curve_figure(
 def metric_history(client, run_id: str, keys: list[str]) -> dict[str, list[tuple[int, float]]]:
     """[(step, value)] per metric key of an MLflow run (missing keys give empty lists)."""
     return {k: [(m.step, m.value) for m in client.get_metric_history(run_id, k)] for k in keys}
-

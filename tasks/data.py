@@ -79,9 +79,9 @@ def slip_carries(train: pd.DataFrame, rate: float, seed: int) -> pd.DataFrame:
     rng = random.Random(f"teacher-slip-{seed}")
     slipped = [
         str(int(answer) - 10) if needs_carry(prompt) and rng.random() < rate else completion
-        for prompt, answer, completion in zip(train["prompt"], train["answer"], train["completion"])
+        for prompt, answer, completion in zip(train["prompt"], train["answer"], train["completion"], strict=True)
     ]
-    changed = sum(new != old for new, old in zip(slipped, train["completion"]))
+    changed = sum(new != old for new, old in zip(slipped, train["completion"], strict=True))
     logger.info("imperfect teacher: %d of %d SFT completions forget a carry", changed, len(train))
     return train.assign(completion=slipped)
 
@@ -137,9 +137,7 @@ def map_columns(raw: pd.DataFrame, cfg: DataConfig, origin: str) -> pd.DataFrame
             "Map them with data.prompt_column / data.answer_column / data.extra_columns."
         )
     out = pd.DataFrame(index=raw.index)
-    out["prompt"] = [
-        None if _missing(v) else cfg.prompt_template.format(prompt=v) for v in raw[cfg.prompt_column]
-    ]
+    out["prompt"] = [None if _missing(v) else cfg.prompt_template.format(prompt=v) for v in raw[cfg.prompt_column]]
     answers = raw[cfg.answer_column].map(lambda v: None if _missing(v) else str(v))
     if cfg.answer_pattern:
         pattern = re.compile(cfg.answer_pattern, re.MULTILINE | re.DOTALL)

@@ -18,8 +18,8 @@ from transformers import AutoModelForCausalLM
 from grpo_pipeline.configs.schema import EvalConfig
 from grpo_pipeline.rewards import build_reward
 from grpo_pipeline.tasks.common import Checkpoint, Ref, atomic_dir, logger
-from grpo_pipeline.tasks.stage import RunContext, stage, user_code
 from grpo_pipeline.tasks.metrics import mean_pass_at_k
+from grpo_pipeline.tasks.stage import RunContext, stage, user_code
 from grpo_pipeline.tasks.training import load_tokenizer
 
 
@@ -87,7 +87,9 @@ def score_completions(reward, rows: pd.DataFrame, completions: list[list[str]]) 
     n = len(completions[0])
     flat = [c for group in completions for c in group]
     columns = {
-        col: [v for v in rows[col].tolist() for _ in range(n)] for col in rows.columns if col not in ("prompt", "completion")
+        col: [v for v in rows[col].tolist() for _ in range(n)]
+        for col in rows.columns
+        if col not in ("prompt", "completion")
     }
     prompts = [p for p in rows["prompt"].tolist() for _ in range(n)]
     scores = reward(prompts=prompts, completions=flat, **columns)
@@ -110,12 +112,23 @@ def evaluate(policy: Checkpoint, held_out: Ref, cfg: EvalConfig, ctx: RunContext
 
     torch.manual_seed(ctx.seed)
     greedy = generate(
-        model, tokenizer, prompts, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
+        model,
+        tokenizer,
+        prompts,
+        max_new_tokens=cfg.max_new_tokens,
+        batch_size=cfg.batch_size,
         desc=f"eval {label} greedy",
     )
     sampled = generate(
-        model, tokenizer, prompts, max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, n=cfg.n_samples,
-        temperature=cfg.temperature, top_p=cfg.top_p, desc=f"eval {label} pass@k",
+        model,
+        tokenizer,
+        prompts,
+        max_new_tokens=cfg.max_new_tokens,
+        batch_size=cfg.batch_size,
+        n=cfg.n_samples,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        desc=f"eval {label} pass@k",
     )
     greedy_ok = [g[0] for g in score_completions(reward, rows, greedy)]
     counts = [sum(s) for s in score_completions(reward, rows, sampled)]

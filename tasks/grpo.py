@@ -97,7 +97,13 @@ def grpo_train(
         )
 
     return train_policy(
-        start, ctx, model_cfg, stage=f"grpo-r{round_index}", seed=ctx.seed + round_index, out=out,
+        start,
+        ctx,
+        model_cfg,
+        stage=f"grpo-r{round_index}",
+        seed=ctx.seed + round_index,
+        out=out,
         tags={"stage": "grpo", "round": str(round_index), "data_fingerprint": train.fingerprint},
-        build=build, meta={"round": round_index},
+        build=build,
+        meta={"round": round_index},
     )

@@ -52,7 +52,9 @@ def _current_champion(client: MlflowClient, name: str) -> tuple[str | None, floa
     return str(version.version), float(value) if value is not None else None
 
 
-def _log_learning_curve(client: MlflowClient, policy: Checkpoint, result: EvalResult, baseline: EvalResult | None) -> None:
+def _log_learning_curve(
+    client: MlflowClient, policy: Checkpoint, result: EvalResult, baseline: EvalResult | None
+) -> None:
     """The reward curve (sampled reward, sampled accuracy, held-out probe per step) with the SFT baseline line."""
     history = metric_history(client, policy.run_id, ["reward", "rewards/correctness/mean", PROBE_METRIC])
     fig = learning_curve_figure(
@@ -107,8 +109,13 @@ def _log_policy_run(
         if baseline is not None:
             mlflow.log_metrics(baseline.metrics("eval_sft/"))
         mlflow.log_params(
-            {"eval_n_samples": result.n_samples, "eval_temperature": result.temperature, "eval_top_p": result.top_p,
-             "eval_max_new_tokens": result.max_new_tokens, "eval_num_problems": result.num_problems}
+            {
+                "eval_n_samples": result.n_samples,
+                "eval_temperature": result.temperature,
+                "eval_top_p": result.top_p,
+                "eval_max_new_tokens": result.max_new_tokens,
+                "eval_num_problems": result.num_problems,
+            }
         )
         mlflow.log_text(config_yaml, "config.yaml")
         mlflow.log_artifact(result.details_path, "eval")
@@ -128,7 +135,9 @@ def _create_gated_version(
         if "RESOURCE_ALREADY_EXISTS" not in str(e.error_code):
             raise
     previous, previous_value = _current_champion(client, cfg.model_name)
-    mv = client.create_model_version(cfg.model_name, source=source, run_id=run_id, tags={**tags, GATING_TAG: str(value)})
+    mv = client.create_model_version(
+        cfg.model_name, source=source, run_id=run_id, tags={**tags, GATING_TAG: str(value)}
+    )
     try:
         wins = previous_value is None or value > previous_value + cfg.min_improvement
         registration = Registration(
@@ -148,6 +157,11 @@ def _create_gated_version(
         raise
     logger.info(
         "registered %s version %s as %s (%s %.4f vs champion %s)",
-        cfg.model_name, mv.version, registration.alias, cfg.gating_metric, value, previous_value,
+        cfg.model_name,
+        mv.version,
+        registration.alias,
+        cfg.gating_metric,
+        value,
+        previous_value,
     )
     return registration

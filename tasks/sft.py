@@ -41,6 +41,12 @@ def sft_warmup(
         return SFTTrainer(model=base.path, args=args, train_dataset=dataset, processing_class=tokenizer)
 
     return train_policy(
-        base, ctx, model_cfg, stage="sft", seed=ctx.seed, out=out, tags={"data_fingerprint": train.fingerprint},
+        base,
+        ctx,
+        model_cfg,
+        stage="sft",
+        seed=ctx.seed,
+        out=out,
+        tags={"data_fingerprint": train.fingerprint},
         build=build,
     )

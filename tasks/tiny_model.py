@@ -55,4 +55,3 @@ def build_tiny_model(cfg: TinyModelConfig, out_dir: str | Path, seed: int) -> Pa
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     return Path(out_dir)
-

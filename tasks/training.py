@@ -80,7 +80,10 @@ def train_policy(
     """
     tokenizer = load_tokenizer(start.path)
     tags = {"stage": stage, "parent_model": start.path, **tags}
-    with mlflow_run(ctx.run_dir, ctx.experiment, f"{ctx.recipe}-{stage}", tags) as run, tempfile.TemporaryDirectory() as scratch:
+    with (
+        mlflow_run(ctx.run_dir, ctx.experiment, f"{ctx.recipe}-{stage}", tags) as run,
+        tempfile.TemporaryDirectory() as scratch,
+    ):
         common = {
             "output_dir": scratch,
             "save_strategy": "no",

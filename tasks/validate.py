@@ -29,7 +29,9 @@ def make_schema(min_prompt_chars: int, max_prompt_chars: int) -> type[pa.DataFra
 
     class PromptDataset(pa.DataFrameModel):
         split: Series[str] = pa.Field(isin=["train", "eval"])
-        prompt: Series[str] = pa.Field(nullable=False, str_length={"min_value": min_prompt_chars, "max_value": max_prompt_chars})
+        prompt: Series[str] = pa.Field(
+            nullable=False, str_length={"min_value": min_prompt_chars, "max_value": max_prompt_chars}
+        )
         answer: Series[str] = pa.Field(nullable=False)
         completion: Series[str] = pa.Field(nullable=False)
 

@@ -60,7 +60,7 @@ def test_bad_values_name_the_field_and_fix(override, fragment):
 
 
 def test_malformed_override_and_missing_file():
-    with pytest.raises(ConfigError, match="key.sub=value"):
+    with pytest.raises(ConfigError, match=r"key\.sub=value"):
         load_config(None, ["grpo.beta"])
     with pytest.raises(ConfigError, match="does not exist"):
         load_config("configs/nope.yaml")

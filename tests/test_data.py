@@ -14,7 +14,7 @@ def synthetic_cfg(**kw) -> DataConfig:
 
 
 def assert_sums_are_right(df: pd.DataFrame) -> None:
-    for prompt, answer in zip(df["prompt"], df["answer"]):
+    for prompt, answer in zip(df["prompt"], df["answer"], strict=True):
         x, y = prompt.rstrip("=").split("+")
         assert int(x) + int(y) == int(answer)
 
@@ -84,13 +84,24 @@ def test_local_files_with_column_mapping(tmp_path, fmt):
         {"question": [f"What is {i} plus {i}?" for i in range(40)], "solution": [f"So #### {2 * i}" for i in range(40)]}
     )
     path = tmp_path / f"data.{fmt}"
-    {"jsonl": lambda: rows.to_json(path, orient="records", lines=True), "parquet": lambda: rows.to_parquet(path),
-     "csv": lambda: rows.to_csv(path, index=False)}[fmt]()
-    cfg = load_config(None, [
-        "data.source=file", f"data.path={path}", "data.prompt_column=question", "data.answer_column=solution",
-        "data.completion_column=solution", "data.answer_pattern='#### (.+)$'", "data.num_eval=10",
-        'data.prompt_template="Q: {prompt}\\nA:"',
-    ]).data
+    {
+        "jsonl": lambda: rows.to_json(path, orient="records", lines=True),
+        "parquet": lambda: rows.to_parquet(path),
+        "csv": lambda: rows.to_csv(path, index=False),
+    }[fmt]()
+    cfg = load_config(
+        None,
+        [
+            "data.source=file",
+            f"data.path={path}",
+            "data.prompt_column=question",
+            "data.answer_column=solution",
+            "data.completion_column=solution",
+            "data.answer_pattern='#### (.+)$'",
+            "data.num_eval=10",
+            'data.prompt_template="Q: {prompt}\\nA:"',
+        ],
+    ).data
     refs = prepare_data(cfg, str(tmp_path / "run"))
     validate_data(refs, cfg)
     train = pd.read_parquet(refs.train.path)
@@ -103,7 +114,9 @@ def test_local_files_with_column_mapping(tmp_path, fmt):
 
 
 def test_hf_dataset_from_local_directory(tmp_path):
-    ds = datasets.Dataset.from_dict({"prompt": [f"{i}+1=" for i in range(30)], "answer": [str(i + 1) for i in range(30)]})
+    ds = datasets.Dataset.from_dict(
+        {"prompt": [f"{i}+1=" for i in range(30)], "answer": [str(i + 1) for i in range(30)]}
+    )
     datasets.DatasetDict({"train": ds}).save_to_disk(str(tmp_path / "ds"))
     cfg = load_config(None, ["data.source=hf", f"data.hf_name={tmp_path / 'ds'}", "data.num_eval=5"]).data
     refs = prepare_data(cfg, str(tmp_path / "run"))
@@ -136,7 +149,11 @@ def good_frames():
 @pytest.mark.parametrize(
     ("mutate", "check", "where"),
     [
-        (lambda t, e: t.__setitem__("prompt", ["1+1=", "1+1=", "3+3="]), "no_duplicate_prompts_within_split", "train row 1"),
+        (
+            lambda t, e: t.__setitem__("prompt", ["1+1=", "1+1=", "3+3="]),
+            "no_duplicate_prompts_within_split",
+            "train row 1",
+        ),
         (lambda t, e: e.__setitem__("prompt", ["1+1=", "5+5="]), "no_prompt_in_both_train_and_eval", "eval row 0"),
         (lambda t, e: t.__setitem__("prompt", ["1+1=", "   ", "3+3="]), "prompt_not_blank", "train row 1"),
         (lambda t, e: t.__setitem__("prompt", ["1+1=", "", "3+3="]), "str_length", "train row 1"),

@@ -77,7 +77,9 @@ def run_tiny_grpo(run_dir: Path) -> dict[str, list[float]]:
         torch.set_num_threads(threads)
     client = mlflow.MlflowClient()
     keys = ["reward", "rewards/correctness/mean", "rewards/digit_match/mean", "rewards/format/mean", "grad_norm"]
-    return {k: [m.value for m in sorted(client.get_metric_history(policy.run_id, k), key=lambda m: m.step)] for k in keys}
+    return {
+        k: [m.value for m in sorted(client.get_metric_history(policy.run_id, k), key=lambda m: m.step)] for k in keys
+    }
 
 
 def window_means(values: list[float], window: int = WINDOW) -> list[float]:
@@ -94,13 +96,21 @@ def test_grpo_reward_trajectory_matches_golden(tmp_path, monkeypatch):
 
     if os.environ.get("GOLDEN_UPDATE"):
         GOLDEN.parent.mkdir(parents=True, exist_ok=True)
-        GOLDEN.write_text(json.dumps({"overrides": OVERRIDES, **{k: [round(v, 4) for v in vals] for k, vals in history.items()}}, indent=1))
+        GOLDEN.write_text(
+            json.dumps(
+                {"overrides": OVERRIDES, **{k: [round(v, 4) for v in vals] for k, vals in history.items()}}, indent=1
+            )
+        )
         pytest.skip(f"wrote {GOLDEN}")
 
     golden = json.loads(GOLDEN.read_text())
     assert golden["overrides"] == OVERRIDES, "the golden run's settings changed; regenerate with GOLDEN_UPDATE=1"
     got, want = window_means(reward), window_means(golden["reward"])
-    off = [(i * WINDOW, round(g, 3), round(w, 3)) for i, (g, w) in enumerate(zip(got, want, strict=True)) if abs(g - w) > TOLERANCE]
+    off = [
+        (i * WINDOW, round(g, 3), round(w, 3))
+        for i, (g, w) in enumerate(zip(got, want, strict=True))
+        if abs(g - w) > TOLERANCE
+    ]
     assert not off, f"reward trajectory left the golden band (start step, got, golden): {off}; got {got}, golden {want}"
     # Each reward's own mean, so a reward that is silently dropped or mis-weighted is named.
     for key in ("rewards/correctness/mean", "rewards/digit_match/mean", "rewards/format/mean"):

@@ -39,8 +39,16 @@ def cold(store: Path) -> dict:
 
 def run_pipeline(store: Path, name: str, *extra: str) -> dict:
     summary = store / f"{name}.json"
-    args = ["run", "--config", "configs/tiny-arith.yaml", "--summary-json", str(summary), *micro_overrides(store / "runs"),
-            f"registry.model_name={MODEL_NAME}", *extra]
+    args = [
+        "run",
+        "--config",
+        "configs/tiny-arith.yaml",
+        "--summary-json",
+        str(summary),
+        *micro_overrides(store / "runs"),
+        f"registry.model_name={MODEL_NAME}",
+        *extra,
+    ]
     proc = run_cli(args, cli_env(store))
     assert proc.returncode == 0, f"pipeline failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return json.loads(summary.read_text())
@@ -63,7 +71,13 @@ def test_cold_run_trains_evaluates_and_registers(store, cold):
     summary = cold
     assert not any(states(summary).values()), states(summary)
     assert list(states(summary)) == [
-        "prepare_data", "validate_data", "base_model", "sft_warmup", "evaluate-sft", "grpo_train-r1", "evaluate-r1",
+        "prepare_data",
+        "validate_data",
+        "base_model",
+        "sft_warmup",
+        "evaluate-sft",
+        "grpo_train-r1",
+        "evaluate-r1",
         "register-r1",
     ]
     reg = summary["registrations"][0]
@@ -84,7 +98,9 @@ def test_cold_run_trains_evaluates_and_registers(store, cold):
     assert {"config.yaml", "model", "eval"} <= artifacts
     model_files = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "model")}
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= model_files
-    config_text = Path(mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="config.yaml")).read_text()
+    config_text = Path(
+        mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="config.yaml")
+    ).read_text()
     assert "steps_per_round: 2" in config_text
 
     # the summary table is also a Prefect markdown artifact (read from the local server's database)
@@ -129,8 +145,15 @@ def test_invalid_data_stops_before_training(tmp_path):
     rows[9]["answer"] = None  # missing answer
     path = tmp_path / "bad.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    args = ["run", "--config", "configs/tiny-arith.yaml", *micro_overrides(tmp_path / "runs"), "data.source=file",
-            f"data.path={path}", "data.num_eval=4"]
+    args = [
+        "run",
+        "--config",
+        "configs/tiny-arith.yaml",
+        *micro_overrides(tmp_path / "runs"),
+        "data.source=file",
+        f"data.path={path}",
+        "data.num_eval=4",
+    ]
     proc = run_cli(args, cli_env(tmp_path))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
@@ -146,13 +169,27 @@ def test_invalid_data_stops_before_training(tmp_path):
 def test_iterative_rounds_start_from_the_last_policy(tmp_path):
     """`grpo.rounds=2` with a KL term: round 2 starts from round 1's policy, which is also its reference model."""
     summary = tmp_path / "rounds.json"
-    args = ["run", "--config", "configs/tiny-arith.yaml", "--summary-json", str(summary),
-            *micro_overrides(tmp_path / "runs"), "registry.model_name=micro-rounds", "grpo.rounds=2", "grpo.beta=0.04"]
+    args = [
+        "run",
+        "--config",
+        "configs/tiny-arith.yaml",
+        "--summary-json",
+        str(summary),
+        *micro_overrides(tmp_path / "runs"),
+        "registry.model_name=micro-rounds",
+        "grpo.rounds=2",
+        "grpo.beta=0.04",
+    ]
     proc = run_cli(args, cli_env(tmp_path))
     assert proc.returncode == 0, f"pipeline failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     result = json.loads(summary.read_text())
     assert [s["stage"] for s in result["stages"]][-6:] == [
-        "grpo_train-r1", "evaluate-r1", "register-r1", "grpo_train-r2", "evaluate-r2", "register-r2",
+        "grpo_train-r1",
+        "evaluate-r1",
+        "register-r1",
+        "grpo_train-r2",
+        "evaluate-r2",
+        "register-r2",
     ]
     assert [r["version"] for r in result["registrations"]] == ["1", "2"]
     client = client_for(tmp_path)
@@ -175,8 +212,9 @@ def test_flow_runs_from_python_without_the_cli(tmp_path):
         print("REGISTERED", summary.registrations[0].version)
     """)
     env = cli_env(tmp_path)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "REGISTERED 1" in proc.stdout
     # the pipeline's own logger reached the output through the flow's setup (logging was never configured here)

@@ -44,15 +44,25 @@ def fake_policy(run_dir: Path, name: str) -> Checkpoint:
 def result(run_dir: Path, accuracy: float) -> EvalResult:
     details = run_dir / f"details-{accuracy}.json"
     details.write_text(json.dumps({"greedy_correct": [1, 0]}))
-    return EvalResult(model="m", accuracy=accuracy, pass_at_k={"1": accuracy}, num_problems=2, n_samples=4,
-                      temperature=1.0, top_p=1.0, max_new_tokens=5, details_path=str(details))
+    return EvalResult(
+        model="m",
+        accuracy=accuracy,
+        pass_at_k={"1": accuracy},
+        num_problems=2,
+        n_samples=4,
+        temperature=1.0,
+        top_p=1.0,
+        max_new_tokens=5,
+        details_path=str(details),
+    )
 
 
 def register(run_dir: Path, name: str, accuracy: float, **cfg):
     config = RegistryConfig(experiment="test", model_name="m", **cfg)
     ctx = RunContext(run_dir=str(run_dir), experiment="test", recipe="test", seed=0)
-    return register_policy(fake_policy(run_dir, name), result(run_dir, accuracy), None, config, ctx,
-                           "name: test\n", {"config_hash": "abc"})
+    return register_policy(
+        fake_policy(run_dir, name), result(run_dir, accuracy), None, config, ctx, "name: test\n", {"config_hash": "abc"}
+    )
 
 
 def aliases(version: str) -> list[str]:
@@ -110,9 +120,25 @@ def free_port() -> int:
 def test_registration_through_a_real_mlflow_server(tmp_path, monkeypatch):
     port = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--artifacts-destination", str(tmp_path / "art")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path / 'server.db'}",
+            "--artifacts-destination",
+            str(tmp_path / "art"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         url = f"http://127.0.0.1:{port}"
@@ -132,7 +158,7 @@ def test_registration_through_a_real_mlflow_server(tmp_path, monkeypatch):
         client = MlflowClient(tracking_uri=url)
         champion = client.get_model_version_by_alias("m", "champion")
         assert str(champion.version) == "2"
-        local = mlflow.artifacts.download_artifacts(f"models:/m@champion", dst_path=str(tmp_path / "dl"))
+        local = mlflow.artifacts.download_artifacts("models:/m@champion", dst_path=str(tmp_path / "dl"))
         assert json.loads((Path(local) / "config.json").read_text())["name"] == "b"
     finally:
         os.killpg(server.pid, 15)

@@ -22,8 +22,19 @@ def chat(text: str) -> list[dict[str, str]]:
 
 def test_every_registered_reward_builds() -> None:
     needs_params = {"judge": {"base_url": "http://127.0.0.1:9", "model": "m"}}
-    expected = {"correctness", "format", "format_strict", "format_soft", "tag_count", "length", "cosine_length",
-                "repetition_penalty", "overlong", "code_tests", "judge"}
+    expected = {
+        "correctness",
+        "format",
+        "format_strict",
+        "format_soft",
+        "tag_count",
+        "length",
+        "cosine_length",
+        "repetition_penalty",
+        "overlong",
+        "code_tests",
+        "judge",
+    }
     assert expected <= set(REGISTRY)
     for name in REGISTRY:
         try:
@@ -94,8 +105,9 @@ def test_correctness_in_a_thread_and_errors_are_none(monkeypatch: pytest.MonkeyP
 
     out: dict[str, list] = {}
     fn = build_reward("correctness")
-    t = threading.Thread(target=lambda: out.update(v=fn(prompts=["q"] * 2, completions=["$\\frac{2}{4}$", "x=3"],
-                                                        answer=["0.5", "4"])))
+    t = threading.Thread(
+        target=lambda: out.update(v=fn(prompts=["q"] * 2, completions=["$\\frac{2}{4}$", "x=3"], answer=["0.5", "4"]))
+    )
     t.start()
     t.join(timeout=120)
     assert out["v"] == [1.0, 0.0]
@@ -169,8 +181,11 @@ def test_overlong_soft_punishment() -> None:
 @pytest.mark.integration
 def test_code_tests_mbpp_style(code_sandbox: None) -> None:
     fn = build_reward("code_tests", {"timeout_s": 5})
-    tests = ['assert remove_Occ("hello","l") == "heo"', 'assert remove_Occ("PHP","P") == "H"',
-             'assert remove_Occ("abcabca","a") == "bcabc"']
+    tests = [
+        'assert remove_Occ("hello","l") == "heo"',
+        'assert remove_Occ("PHP","P") == "H"',
+        'assert remove_Occ("abcabca","a") == "bcabc"',
+    ]
     good = textwrap.dedent(
         """
         Here is the function:
@@ -193,4 +208,6 @@ def test_code_tests_mbpp_style(code_sandbox: None) -> None:
     assert frac(prompts=["p"], completions=[half], answer=["x"]) == [None]  # no tests: not applicable
     iso = build_reward("code_tests", {"mode": "fraction", "timeout_s": 5})
     math_test = ["assert math.isclose(area(2), 12.566, rel_tol=1e-3)"]
-    assert iso(prompts=["p"], completions=["import math\ndef area(r): return math.pi*r*r"], test_list=[math_test]) == [1.0]
+    assert iso(prompts=["p"], completions=["import math\ndef area(r): return math.pi*r*r"], test_list=[math_test]) == [
+        1.0
+    ]

@@ -57,8 +57,9 @@ def test_humaneval_through_rewards_score(humaneval: list[dict], tmp_path: Path, 
             fh.write(json.dumps(base | {"completion": r["canonical_solution"]}) + "\n")
             fh.write(json.dumps(base | {"completion": "    pass\n"}) + "\n")
     out = tmp_path / "scored.jsonl"
-    result = CliRunner().invoke(app, ["rewards", "score", "--rewards", "code_tests", "--input", str(source),
-                                      "--output", str(out)])
+    result = CliRunner().invoke(
+        app, ["rewards", "score", "--rewards", "code_tests", "--input", str(source), "--output", str(out)]
+    )
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in out.open()]
     assert len(rows) == 2 * 164
@@ -74,28 +75,39 @@ def test_gsm8k_gold_extraction_and_boxed_answers(gsm8k: list[dict]) -> None:
     unparsed = [g for g in golds if not parse(f"${g}$", parsing_timeout=None)]
     assert unparsed == []
     fn = build_reward("correctness")
-    right = fn(prompts=[r["question"] for r in gsm8k],
-               completions=[f"Step by step... so the answer is \\boxed{{{g}}}." for g in golds],
-               answer=[r["answer"] for r in gsm8k])
+    right = fn(
+        prompts=[r["question"] for r in gsm8k],
+        completions=[f"Step by step... so the answer is \\boxed{{{g}}}." for g in golds],
+        answer=[r["answer"] for r in gsm8k],
+    )
     assert right == [1.0] * 1319
     sample = gsm8k[:300]
-    wrong = fn(prompts=[r["question"] for r in sample],
-               completions=[f"So the answer is \\boxed{{{float(g) + 1:g}}}." for g in golds[:300]],
-               answer=[r["answer"] for r in sample])
+    wrong = fn(
+        prompts=[r["question"] for r in sample],
+        completions=[f"So the answer is \\boxed{{{float(g) + 1:g}}}." for g in golds[:300]],
+        answer=[r["answer"] for r in sample],
+    )
     assert wrong == [0.0] * 300
 
 
 def test_rewards_score_cli_with_recipe_and_errors(tmp_path: Path) -> None:
     source = tmp_path / "arith.jsonl"
-    source.write_text("\n".join(json.dumps(r) for r in [
-        {"prompt": "12+34=", "completion": "46", "answer": "46"},
-        {"prompt": "1+1=", "completion": "3", "answer": "2"},
-        {"prompt": "2+2=", "completion": "four", "answer": "4"},
-    ]) + "\n")
+    source.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {"prompt": "12+34=", "completion": "46", "answer": "46"},
+                {"prompt": "1+1=", "completion": "3", "answer": "2"},
+                {"prompt": "2+2=", "completion": "four", "answer": "4"},
+            ]
+        )
+        + "\n"
+    )
     recipe = Path(__file__).resolve().parents[1] / "configs" / "tiny-arith.yaml"
     out = tmp_path / "scored.jsonl"
-    result = CliRunner().invoke(app, ["rewards", "score", "--config", str(recipe), "--input", str(source),
-                                      "-o", str(out)])
+    result = CliRunner().invoke(
+        app, ["rewards", "score", "--config", str(recipe), "--input", str(source), "-o", str(out)]
+    )
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in out.open()]
     assert [(r["correctness"], r["format"]) for r in rows] == [(1.0, 1.0), (0.0, 1.0), (0.0, 0.0)]

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 
@@ -15,9 +16,10 @@ from grpo_pipeline.rewards.judge import parse_score
 
 
 class FakeJudge(BaseHTTPRequestHandler):
-    """Grades 'good' responses 8/10 and others 2/10; 'flaky' fails once with 503; 'slow' sleeps; 'babble' has no score."""
+    """Grades 'good' responses 8/10 and others 2/10; 'flaky' fails once with 503; 'slow' sleeps; 'babble' has no
+    score."""
 
-    calls: list[dict] = []
+    calls: ClassVar[list[dict]] = []
     seen_flaky = False
     lock = threading.Lock()
 
@@ -63,11 +65,22 @@ def server() -> Iterator[str]:
 @pytest.mark.integration
 def test_judge_scores_through_the_endpoint(server: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JUDGE_KEY", "sk-test")
-    fn = build_reward("judge", {"base_url": server, "model": "grader", "rubric": "Grade 0-{max_score}.",
-                                "api_key_env": "JUDGE_KEY", "concurrency": 4})
+    fn = build_reward(
+        "judge",
+        {
+            "base_url": server,
+            "model": "grader",
+            "rubric": "Grade 0-{max_score}.",
+            "api_key_env": "JUDGE_KEY",
+            "concurrency": 4,
+        },
+    )
     completions = ["a good answer", [{"role": "assistant", "content": "a bad answer"}], "babble"]
-    scores = fn(prompts=["Q1", [{"role": "user", "content": "Q2"}], "Q3"], completions=completions,
-                answer=["ref1", "ref2", "ref3"])
+    scores = fn(
+        prompts=["Q1", [{"role": "user", "content": "Q2"}], "Q3"],
+        completions=completions,
+        answer=["ref1", "ref2", "ref3"],
+    )
     assert scores == [0.8, 0.2, None]
     first = FakeJudge.calls[0]
     assert first["path"] == "/v1/chat/completions" and first["auth"] == "Bearer sk-test"
@@ -78,8 +91,7 @@ def test_judge_scores_through_the_endpoint(server: str, monkeypatch: pytest.Monk
 
 @pytest.mark.integration
 def test_judge_retries_then_times_out_to_none(server: str) -> None:
-    fn = build_reward("judge", {"base_url": server, "model": "m", "retries": 1, "timeout_s": 0.5,
-                                "api_key_env": None})
+    fn = build_reward("judge", {"base_url": server, "model": "m", "retries": 1, "timeout_s": 0.5, "api_key_env": None})
     start = time.monotonic()
     assert fn(prompts=["q", "q"], completions=["flaky", "slow"]) == [0.8, None]
     assert time.monotonic() - start < 5

@@ -40,7 +40,7 @@ from grpo_pipeline.rewards.sandbox import (
 )
 
 TIMEOUT_S = 2.0
-PROMPT = "def f(x):\n    \"\"\"Return twice x.\"\"\"\n"
+PROMPT = 'def f(x):\n    """Return twice x."""\n'
 TEST = textwrap.dedent(
     """
     def check(candidate):
@@ -73,8 +73,10 @@ def make_sandbox(**settings: Any) -> Sandbox:
 def require_containment(sandbox: Sandbox) -> Sandbox:
     """`sandbox`, or skip: hostile programs (kill(-1), fork storms, ...) run only where they cannot reach the host."""
     if not (sandbox.isolated or sandbox.drop_uid):
-        pytest.skip(f"no bubblewrap and not root: programs would run as this user (uid {os.geteuid()}), whose "
-                    "processes a hostile program could kill")
+        pytest.skip(
+            f"no bubblewrap and not root: programs would run as this user (uid {os.geteuid()}), whose "
+            "processes a hostile program could kill"
+        )
     return sandbox
 
 
@@ -400,8 +402,25 @@ def test_sandbox_that_cannot_start_scores_none(monkeypatch: pytest.MonkeyPatch) 
 
 @pytest.mark.parametrize(
     "value",
-    [None, True, 0, -(10**50), 1.5, float("inf"), -0.0, "é\n;:", b"\x00\xff", 1 + 2j, [1, (2, 3)],
-     {1: "a", "b": [None]}, {1, 2}, frozenset({"x"}), range(1, 10, 3), ((),), {(1, 2): {3: 4.25}}],
+    [
+        None,
+        True,
+        0,
+        -(10**50),
+        1.5,
+        float("inf"),
+        -0.0,
+        "é\n;:",
+        b"\x00\xff",
+        1 + 2j,
+        [1, (2, 3)],
+        {1: "a", "b": [None]},
+        {1, 2},
+        frozenset({"x"}),
+        range(1, 10, 3),
+        ((),),
+        {(1, 2): {3: 4.25}},
+    ],
 )
 def test_wire_format_round_trips_builtin_values(value: object) -> None:
     decoded = decode(encode(value))

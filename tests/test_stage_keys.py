@@ -43,15 +43,27 @@ def stage_keys(overrides: list[str], run_dir: str = "/tmp/runs") -> dict[str, st
         return keys[name]
 
     k = key("data", prepare_data, cfg.data, cfg.run_dir)
-    data = DatasetRefs(train=Ref(path="train", fingerprint=f"train-{k}"), eval=Ref(path="eval", fingerprint=f"eval-{k}"))
+    data = DatasetRefs(
+        train=Ref(path="train", fingerprint=f"train-{k}"), eval=Ref(path="eval", fingerprint=f"eval-{k}")
+    )
     key("validate", validate_data, data, cfg.data)
     base = Checkpoint(path="base", fingerprint=key("base", prepare_base_model, cfg.model, cfg.run_dir, cfg.seed))
     sft = Checkpoint(path="sft", fingerprint=key("sft", sft_warmup, base, data.train, cfg.sft, cfg.model, ctx))
     baseline = fake_result(key("eval-sft", evaluate, sft, data.eval, cfg.eval, ctx, label="sft"))
     policy = Checkpoint(
         path="r1",
-        fingerprint=key("grpo-r1", grpo_train, sft, data.train, cfg.grpo, cfg.model, 1, ctx, held_out=data.eval,
-                        correctness_reward=cfg.eval.correctness_reward),
+        fingerprint=key(
+            "grpo-r1",
+            grpo_train,
+            sft,
+            data.train,
+            cfg.grpo,
+            cfg.model,
+            1,
+            ctx,
+            held_out=data.eval,
+            correctness_reward=cfg.eval.correctness_reward,
+        ),
         run_id="run",
     )
     result = fake_result(key("eval-r1", evaluate, policy, data.eval, cfg.eval, ctx, label="r1"))
@@ -60,8 +72,17 @@ def stage_keys(overrides: list[str], run_dir: str = "/tmp/runs") -> dict[str, st
 
 
 def fake_result(key: str) -> EvalResult:
-    return EvalResult(model=key, accuracy=0.5, pass_at_k={"1": 0.5}, num_problems=1, n_samples=1, temperature=1.0,
-                      top_p=1.0, max_new_tokens=1, details_path=key)
+    return EvalResult(
+        model=key,
+        accuracy=0.5,
+        pass_at_k={"1": 0.5},
+        num_problems=1,
+        n_samples=1,
+        temperature=1.0,
+        top_p=1.0,
+        max_new_tokens=1,
+        details_path=key,
+    )
 
 
 def rerun(before: dict[str, str], after: dict[str, str]) -> list[str]:
@@ -114,14 +135,31 @@ def test_output_directory_is_named_by_the_key(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("stage_module", "uses", "does_not_use"),
     [
-        ("grpo_pipeline.tasks.data", ["grpo_pipeline.configs.schema", "grpo_pipeline.tasks.common"],
-         ["grpo_pipeline.rewards.format", "grpo_pipeline.tasks.training"]),
-        ("grpo_pipeline.tasks.sft", ["grpo_pipeline.tasks.training", "grpo_pipeline.tasks.tracking"],
-         ["grpo_pipeline.rewards.format", "grpo_pipeline.tasks.evaluate"]),
-        ("grpo_pipeline.tasks.grpo", ["grpo_pipeline.tasks.training", "grpo_pipeline.rewards.format",
-                                      "grpo_pipeline.rewards.sandbox", "grpo_pipeline.rewards._harness"], []),
-        ("grpo_pipeline.tasks.evaluate", ["grpo_pipeline.rewards.math", "grpo_pipeline.tasks.metrics"],
-         ["grpo_pipeline.tasks.sft", "grpo_pipeline.tasks.grpo", "grpo_pipeline.tasks.register"]),
+        (
+            "grpo_pipeline.tasks.data",
+            ["grpo_pipeline.configs.schema", "grpo_pipeline.tasks.common"],
+            ["grpo_pipeline.rewards.format", "grpo_pipeline.tasks.training"],
+        ),
+        (
+            "grpo_pipeline.tasks.sft",
+            ["grpo_pipeline.tasks.training", "grpo_pipeline.tasks.tracking"],
+            ["grpo_pipeline.rewards.format", "grpo_pipeline.tasks.evaluate"],
+        ),
+        (
+            "grpo_pipeline.tasks.grpo",
+            [
+                "grpo_pipeline.tasks.training",
+                "grpo_pipeline.rewards.format",
+                "grpo_pipeline.rewards.sandbox",
+                "grpo_pipeline.rewards._harness",
+            ],
+            [],
+        ),
+        (
+            "grpo_pipeline.tasks.evaluate",
+            ["grpo_pipeline.rewards.math", "grpo_pipeline.tasks.metrics"],
+            ["grpo_pipeline.tasks.sft", "grpo_pipeline.tasks.grpo", "grpo_pipeline.tasks.register"],
+        ),
     ],
 )
 def test_stage_code_covers_what_the_stage_imports(stage_module: str, uses: list[str], does_not_use: list[str]):
@@ -170,10 +208,12 @@ def user_module(tmp_path, monkeypatch) -> Path:
 def test_editing_a_user_reward_reruns_only_the_stages_that_call_it(user_module: Path):
     override = "grpo.rewards=[{name: 'my_rewards:score'}]"
     before = stage_keys([override])
-    user_module.write_text(textwrap.dedent("""\
+    user_module.write_text(
+        textwrap.dedent("""\
         def score(prompts, completions, **kw):
             return [0.5 for _ in completions]
-    """))
+    """)
+    )
     assert rerun(before, stage_keys([override])) == ["grpo-r1", "eval-r1", "register-r1"]
 
 

@@ -7,7 +7,9 @@ from grpo_pipeline.tasks.tiny_model import build_tiny_model
 
 
 def test_char_tokenizer_round_trips_through_from_pretrained(tmp_path):
-    path = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tmp_path / "m", 0)
+    path = build_tiny_model(
+        TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), tmp_path / "m", 0
+    )
     tok = AutoTokenizer.from_pretrained(path)
     text = "Q: What's 12 + 7?\nA: 19"
     ids = tok(text, add_special_tokens=False)["input_ids"]

@@ -35,8 +35,9 @@ def test_rewards_py_in_the_working_directory_scores(tmp_path: Path) -> None:
     rows = tmp_path / "rows.jsonl"
     rows.write_text("\n".join(json.dumps({"completion": c, "answer": "5"}) for c in ["5", "6", " 5"]) + "\n")
     scored = tmp_path / "scored.jsonl"
-    proc = grpo_cli(["rewards", "score", "-i", str(rows), "-r", "rewards:my_reward", "-o", str(scored)], tmp_path,
-                    cli_env(tmp_path))
+    proc = grpo_cli(
+        ["rewards", "score", "-i", str(rows), "-r", "rewards:my_reward", "-o", str(scored)], tmp_path, cli_env(tmp_path)
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [json.loads(line)["my_reward"] for line in scored.read_text().splitlines()] == [1.0, 0.0, 1.0]
 
@@ -53,8 +54,15 @@ def test_reward_module_beside_the_recipe_trains_and_its_edits_rerun_grpo(tmp_pat
 
     def run(name: str) -> dict[str, bool]:
         summary = tmp_path / f"{name}.json"
-        args = ["run", "-c", str(recipe_dir / "recipe.yaml"), "--summary-json", str(summary),
-                *micro_overrides(tmp_path / "runs"), "registry.model_name=user-reward"]
+        args = [
+            "run",
+            "-c",
+            str(recipe_dir / "recipe.yaml"),
+            "--summary-json",
+            str(summary),
+            *micro_overrides(tmp_path / "runs"),
+            "registry.model_name=user-reward",
+        ]
         proc = grpo_cli(args, work, env)
         assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
         result = json.loads(summary.read_text())
