@@ -168,6 +168,13 @@ class GRPOConfig(_Section):
         min_length=1,
         description="Rewards summed with their weights.",
     )
+    work_pool: str | None = Field(
+        default=None,
+        description="Run each GRPO round on this Prefect work pool (e.g. 'gpu') through the deployment "
+        "'grpo-train/<work_pool>' (deployments/prefect.yaml) instead of in the pipeline's own process; the round's "
+        "checkpoint comes back through the MLflow artifact store. Needs a Prefect server and a worker on the pool "
+        "(`grpo-pipeline serve`).",
+    )
     use_vllm: bool | Literal["auto"] = Field(
         default="auto", description="Generate rollouts with vLLM: true, false, or 'auto' (when CUDA and vllm exist)."
     )

@@ -19,7 +19,8 @@ from typing import Any
 from prefect import Task, flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from grpo_pipeline.configs.schema import ConfigError, PipelineConfig
+from grpo_pipeline.configs.schema import ConfigError, PipelineConfig, load_config
+from grpo_pipeline.flows.grpo_train import remote_grpo_train
 from grpo_pipeline.flows.summary import StageRecord, Summary
 from grpo_pipeline.rewards.registry import RewardError
 from grpo_pipeline.runtime import setup
@@ -68,6 +69,15 @@ validate_data = stage_task(_validate_data, "validate_data")
 base_model = stage_task(prepare_base_model, "base_model")
 sft_warmup = stage_task(_sft_warmup, "sft_warmup")
 grpo_train = stage_task(_grpo_train, "grpo_train", task_run_name="grpo_train-r{round_index}")
+# The same stage on another work pool (grpo.work_pool), keyed like the local one.
+grpo_train_remote = task(
+    remote_grpo_train,
+    name="grpo_train",
+    task_run_name="grpo_train-r{round_index}",
+    cache_key_fn=_grpo_train.stage.cache_key,
+    persist_result=True,
+    retry_condition_fn=retry_unless_bad_input,
+)
 evaluate = stage_task(_evaluate, "evaluate", task_run_name="evaluate-{label}")
 register = stage_task(register_policy, "register")
 
@@ -82,11 +92,21 @@ def _run(records: list[StageRecord], record_name: str, stage: Task, /, *args: An
 
 
 @flow(name="grpo-pipeline", log_prints=False)
-def grpo_pipeline(config: PipelineConfig) -> Summary:
-    """Data -> validation -> SFT warmup -> R rounds of GRPO, each evaluated and registered in MLflow."""
-    setup(config)
+def grpo_pipeline(
+    config: PipelineConfig | None = None,
+    recipe: str | None = None,
+    overrides: list[str] | None = None,
+) -> Summary:
+    """Data -> validation -> SFT warmup -> R rounds of GRPO, each evaluated and registered in MLflow.
+
+    Give either the whole `config`, or a `recipe` (a YAML path, relative to the working directory) with
+    `overrides` (`key.sub=value` strings, as on the command line); neither means the defaults.
+    """
+    cfg = config if config is not None else load_config(recipe, overrides or [])
+    if config is not None and (recipe or overrides):
+        raise ConfigError("give the flow either `config` or `recipe`/`overrides`, not both")
+    setup(cfg)
     logger = get_run_logger()
-    cfg = config
     ctx = RunContext(run_dir=cfg.run_dir, experiment=cfg.registry.experiment, recipe=cfg.name, seed=cfg.seed)
     records: list[StageRecord] = []
 
@@ -98,12 +118,13 @@ def grpo_pipeline(config: PipelineConfig) -> Summary:
     baseline = _run(records, "evaluate-sft", evaluate, policy, data.eval, cfg.eval, ctx, label="sft")
 
     rounds: list[tuple[EvalResult, Registration | None]] = []
+    grpo = grpo_train if cfg.grpo.work_pool is None else grpo_train_remote
     for r in range(1, cfg.grpo.rounds + 1):
         # Each round starts from the previous policy; TRL builds the reference model from it (reset per round).
         policy = _run(
             records,
             f"grpo_train-r{r}",
-            grpo_train,
+            grpo,
             policy,
             data.train,
             cfg.grpo,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.markdown import Markdown
 
+from grpo_pipeline import stack
 from grpo_pipeline.configs.schema import ConfigError, PipelineConfig, load_config
 from grpo_pipeline.rewards_cli import rewards_app
 from grpo_pipeline.runtime import setup
@@ -52,6 +54,7 @@ def run(
 ) -> None:
     """Run the whole pipeline on a recipe."""
     cfg = _load(config, overrides)
+    _use_stack_if_running()
     setup(cfg, verbose=verbose, refresh=refresh)
     # Prefect reads its settings at import time, so the flow is imported only after setup.
     from grpo_pipeline.flows.grpo_pipeline import grpo_pipeline
@@ -66,7 +69,74 @@ def run(
     console.print(Markdown(summary.to_markdown()))
     if summary_json:
         summary_json.write_text(summary.model_dump_json(indent=2))
-    console.print(f"MLflow UI: mlflow ui --backend-store-uri {tracking_uri(cfg.run_dir)}")
+    uri = tracking_uri(cfg.run_dir)
+    console.print(f"MLflow UI: {uri}" if uri.startswith("http") else f"MLflow UI: mlflow ui --backend-store-uri {uri}")
+
+
+def _use_stack_if_running() -> None:
+    """Point Prefect and MLflow at the stack `grpo-pipeline serve` started, if it is up; say which is used."""
+    if os.environ.get("PREFECT_API_URL"):
+        console.print(f"Prefect server: {os.environ['PREFECT_API_URL']} (PREFECT_API_URL)")
+        return
+    running = stack.running()
+    if running is None:
+        console.print("Prefect server: a temporary one for this run (start a lasting stack with `grpo-pipeline serve`)")
+        return
+    for key, value in running.client_env().items():
+        os.environ.setdefault(key, value)
+    console.print(f"Prefect server: the running stack, UI {running.prefect_ui_url}; MLflow UI {running.mlflow_url}")
+
+
+StateDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        help="Where the stack keeps its state, logs and stores (default .grpo-stack, or GRPO_PIPELINE_STACK_DIR).",
+    ),
+]
+
+
+@app.command()
+def serve(
+    state_dir: StateDirOpt = None,
+    prefect_port: Annotated[int, typer.Option(help="Prefect server port on 127.0.0.1 (0: any free port).")] = 4200,
+    mlflow_port: Annotated[int, typer.Option(help="MLflow server port on 127.0.0.1 (0: any free port).")] = 5000,
+) -> None:
+    """Start the stack in the background: Prefect and MLflow servers, work pools, deployments, workers."""
+    with console.status("starting the Prefect server, the MLflow server, work pools, deployments and workers"):
+        try:
+            started = stack.serve(state_dir, prefect_port=prefect_port, mlflow_port=mlflow_port)
+        except stack.StackError as e:
+            console.print(f"[red]error:[/red] {e}")
+            raise typer.Exit(1) from None
+    console.print("[green]the stack is up[/green]")
+    for line in stack.status_lines(started):
+        console.print(line)
+    console.print(
+        "run a deployment: prefect deployment run grpo-pipeline/local (with PREFECT_API_URL set), or "
+        "grpo-pipeline run, which uses this stack; stop it with grpo-pipeline stop"
+    )
+
+
+@app.command()
+def stop(state_dir: StateDirOpt = None) -> None:
+    """Stop exactly what `serve` started."""
+    stopped = stack.stop(state_dir)
+    console.print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+
+
+@app.command()
+def status(
+    state_dir: StateDirOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Say what of the stack is running, with the UI addresses."""
+    recorded = stack.load(state_dir)
+    if as_json:
+        print(stack.summary_json(recorded) if recorded else "{}")
+        return
+    for line in stack.status_lines(recorded):
+        console.print(line)
 
 
 @app.command("config")

@@ -71,8 +71,18 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
 
 
 class Checkpoint(Ref):
-    """A model directory, the MLflow run that produced it (None for a base model) and the model it started from."""
+    """A model directory, the MLflow run that produced it (None for a base model) and the model it started from.
+
+    `uri`, when set, is a copy of the directory in the MLflow artifact store, for machines that do not share this
+    one's disk (see `tasks.publish`).
+    """
 
     run_id: str | None = None
     parent: str = ""
     stage: str = "base"
+    uri: str | None = None
+
+    @property
+    def lineage(self) -> str:
+        """How to name this model as a parent: a base model by its name (tiny, hub name, models:/...), else its path."""
+        return self.parent if self.stage == "base" else self.path

@@ -1,30 +1,70 @@
-"""The base model: the embedded tiny model, a local directory, or a hub name (loaded with from_pretrained)."""
+"""The base model: the embedded tiny model, a local directory, a registered MLflow model version, or a hub name.
+
+A registered version (`models:/<name>@<alias>` or `models:/<name>/<version>`) is downloaded from the MLflow
+tracking server; scheduled retraining continues from `models:/<name>@champion` this way. A version's files never
+change in MLflow, so the version it resolves to (name, number, run, source) keys the stage: a new champion
+reruns everything after it, an unchanged one hits the cache.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo_pipeline.configs.schema import ModelConfig
-from grpo_pipeline.tasks.common import Checkpoint, fingerprint_path, logger
+from grpo_pipeline.tasks.common import Checkpoint, atomic_dir, fingerprint_path, logger
 from grpo_pipeline.tasks.stage import stage
 from grpo_pipeline.tasks.tiny_model import build_tiny_model
+from grpo_pipeline.tasks.tracking import tracking_uri
+
+if TYPE_CHECKING:
+    from mlflow.entities.model_registry import ModelVersion
 
 
-def _local_base(params: Mapping[str, Any]) -> dict[str, str]:
-    """A local base model is keyed by its content, so a changed directory reruns everything after it."""
-    base = Path(params["cfg"].base)
-    return {"base": fingerprint_path(base)} if params["cfg"].base != "tiny" and base.is_dir() else {}
+REGISTRY_PREFIX = "models:/"
 
 
-@stage("base", external=_local_base)
+def _base_identity(params: Mapping[str, Any]) -> dict[str, str]:
+    """A local directory is keyed by its content, a registered model by the version it resolves to now."""
+    base: str = params["cfg"].base
+    if base.startswith(REGISTRY_PREFIX):
+        version = resolve_registered(base, params["run_dir"])
+        return {"base": f"{version.name}/{version.version}:{version.run_id}:{version.source}"}
+    if base != "tiny" and Path(base).is_dir():
+        return {"base": fingerprint_path(base)}
+    return {}
+
+
+def resolve_registered(uri: str, run_dir: str) -> ModelVersion:
+    """The MLflow model version `models:/<name>@<alias>` or `models:/<name>/<version>` names, with a clear error."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    ref = uri.removeprefix(REGISTRY_PREFIX)
+    name, alias = ref.split("@", 1) if "@" in ref else (ref, None)
+    name, _, number = name.partition("/") if alias is None else (name, "", "")
+    if not name or not (alias or number.isdigit()):
+        raise ValueError(f"model.base {uri!r} is not models:/<name>@<alias> or models:/<name>/<version>")
+    client = MlflowClient(tracking_uri=tracking_uri(run_dir))
+    try:
+        return client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, number)
+    except MlflowException as e:
+        raise FileNotFoundError(
+            f"model.base {uri!r}: no such registered model version at {tracking_uri(run_dir)} ({e.message}); "
+            "check the name and alias (`champion` exists after the first registration) or MLFLOW_TRACKING_URI"
+        ) from None
+
+
+@stage("base", external=_base_identity)
 def prepare_base_model(cfg: ModelConfig, run_dir: str, seed: int, out: Path) -> Checkpoint:
     """A Checkpoint for the configured base model, building the tiny model into `out` when `base` is 'tiny'."""
     if cfg.base == "tiny":
         build_tiny_model(cfg.tiny, out, seed)
         logger.info("built the embedded tiny model in %s", out)
         return Checkpoint(path=str(out), fingerprint=fingerprint_path(out), parent="tiny", stage="base")
+    if cfg.base.startswith(REGISTRY_PREFIX):
+        return _download_registered(cfg.base, run_dir, out)
     local = Path(cfg.base)
     if local.is_dir():
         if not (local / "config.json").exists():
@@ -32,3 +72,17 @@ def prepare_base_model(cfg: ModelConfig, run_dir: str, seed: int, out: Path) -> 
         return Checkpoint(path=str(local.resolve()), fingerprint=fingerprint_path(local), parent=cfg.base, stage="base")
     # A hub model: its name is its identity (a revision pin belongs in the name's cache, not here).
     return Checkpoint(path=cfg.base, fingerprint=f"hub:{cfg.base}", parent=cfg.base, stage="base")
+
+
+def _download_registered(uri: str, run_dir: str, out: Path) -> Checkpoint:
+    import mlflow
+
+    version = resolve_registered(uri, run_dir)
+    pinned = f"{REGISTRY_PREFIX}{version.name}/{version.version}"
+    mlflow.set_tracking_uri(tracking_uri(run_dir))
+    with atomic_dir(out) as tmp:
+        mlflow.artifacts.download_artifacts(artifact_uri=pinned, dst_path=str(tmp))
+        if not (tmp / "config.json").exists():
+            raise FileNotFoundError(f"{pinned} (from {uri}) holds no config.json; is it a saved Hugging Face model?")
+    logger.info("downloaded %s (%s) into %s", pinned, uri, out)
+    return Checkpoint(path=str(out), fingerprint=fingerprint_path(out), parent=pinned, stage="base")

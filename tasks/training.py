@@ -79,7 +79,7 @@ def train_policy(
     (`save_strategy="no"`); the checkpoint appears in `out` complete or not at all.
     """
     tokenizer = load_tokenizer(start.path)
-    tags = {"stage": stage, "parent_model": start.path, **tags}
+    tags = {"stage": stage, "parent_model": start.lineage, **tags}
     with (
         mlflow_run(ctx.run_dir, ctx.experiment, f"{ctx.recipe}-{stage}", tags) as run,
         tempfile.TemporaryDirectory() as scratch,
@@ -102,5 +102,5 @@ def train_policy(
             (tmp / "training_args.bin").unlink(missing_ok=True)  # a pickle of trainer args: not part of the model
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
     return Checkpoint(
-        path=str(out), fingerprint=fingerprint_path(out), run_id=run.info.run_id, parent=start.path, stage=stage
+        path=str(out), fingerprint=fingerprint_path(out), run_id=run.info.run_id, parent=start.lineage, stage=stage
     )

@@ -1,0 +1,68 @@
+"""One GRPO round as its own flow, `grpo-train`, for a work pool with GPUs (deployment `grpo-train/gpu`).
+
+The pipeline runs it through `run_deployment` when `grpo.work_pool` is set (`remote_grpo_train` below) and
+continues with the checkpoint it returns. The worker may sit on a machine without this one's disk: the round's
+checkpoint is published to its MLflow run (the tracking server serves artifacts), and the pipeline fetches it
+where the path is not local. The round's inputs (training data, held-out probe rows, start checkpoint) are read by
+path, so they must be reachable from the worker (the same machine, or a shared volume).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+from prefect.deployments import run_deployment
+
+from grpo_pipeline.configs.schema import GRPOConfig, ModelConfig
+from grpo_pipeline.runtime import setup
+from grpo_pipeline.tasks.common import Checkpoint, Ref
+from grpo_pipeline.tasks.grpo import grpo_train
+from grpo_pipeline.tasks.publish import materialize, publish
+from grpo_pipeline.tasks.stage import RunContext
+
+
+@flow(name="grpo-train", log_prints=False, persist_result=True)
+def grpo_train_flow(
+    start: Checkpoint,
+    train: Ref,
+    cfg: GRPOConfig,
+    model_cfg: ModelConfig,
+    round_index: int,
+    ctx: RunContext,
+    held_out: Ref | None = None,
+    correctness_reward: str = "correctness",
+) -> Checkpoint:
+    """Train one GRPO round from `start` and publish the checkpoint to MLflow (its `uri`)."""
+    setup()
+    policy = grpo_train(start, train, cfg, model_cfg, round_index, ctx, held_out, correctness_reward)
+    return publish(policy, ctx.run_dir, ctx.experiment)
+
+
+def remote_grpo_train(
+    start: Checkpoint,
+    train: Ref,
+    cfg: GRPOConfig,
+    model_cfg: ModelConfig,
+    round_index: int,
+    ctx: RunContext,
+    held_out: Ref | None = None,
+    correctness_reward: str = "correctness",
+) -> Checkpoint:
+    """`grpo_train` through the deployment `grpo-train/<cfg.work_pool>`; waits for it and returns its checkpoint,
+    fetched here when its path is not. A failed child fails this call with the child's error."""
+    params: dict[str, Any] = {
+        "start": start, "train": train, "cfg": cfg, "model_cfg": model_cfg, "round_index": round_index, "ctx": ctx,
+        "held_out": held_out, "correctness_reward": correctness_reward,
+    }  # fmt: skip
+    child = run_deployment(
+        f"grpo-train/{cfg.work_pool}",
+        parameters={k: v.model_dump(mode="json") if hasattr(v, "model_dump") else v for k, v in params.items()},
+        flow_run_name=f"grpo-train-r{round_index}",
+        timeout=None,  # wait for the round, however long it trains
+    )
+    if not child.state or not child.state.is_completed():
+        message = child.state.message if child.state else "no state"
+        raise RuntimeError(f"GRPO round {round_index} on pool {cfg.work_pool!r} ended {child.state_name}: {message}")
+    policy = Checkpoint.model_validate(child.state.result())
+    return materialize(policy, ctx.run_dir)

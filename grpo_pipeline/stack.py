@@ -1,0 +1,299 @@
+"""The local production stack, on loopback: a Prefect server, an MLflow tracking server, the work pools `cpu` and
+`gpu`, the deployments of deployments/prefect.yaml, and one worker per pool.
+
+`serve` starts every part in the background (each in its own process group, logging to `<state_dir>/logs/`) and
+returns once all of it is healthy; what it started (ports, pids, URLs) goes to `<state_dir>/stack.json`, so `stop`
+stops exactly that and `status` reports it. Prefect keeps its database under `<state_dir>/prefect` (SQLite, or
+PostgreSQL when PREFECT_SERVER_DATABASE_CONNECTION_URL is set, as Prefect documents); MLflow keeps runs in
+`<state_dir>/mlflow.db` and artifacts in `<state_dir>/mlartifacts`, served over HTTP (`--serve-artifacts`), so
+workers on other machines need no shared disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import httpx
+from pydantic import BaseModel
+
+STATE_FILE = "stack.json"
+DEFAULT_STATE_DIR = ".grpo-stack"
+POOLS = ("cpu", "gpu")
+PREFECT_FILE = "deployments/prefect.yaml"
+HOST = "127.0.0.1"
+
+
+class StackError(RuntimeError):
+    """The stack cannot be started or reached; the message says what and how to fix it."""
+
+
+class Service(BaseModel):
+    name: str
+    pid: int
+    log: str
+
+
+class Stack(BaseModel):
+    """What `serve` started, as saved in `<state_dir>/stack.json`."""
+
+    state_dir: str
+    project_dir: str
+    prefect_api_url: str
+    mlflow_url: str
+    services: list[Service]
+
+    @property
+    def prefect_ui_url(self) -> str:
+        return self.prefect_api_url.removesuffix("/api")
+
+    def client_env(self) -> dict[str, str]:
+        """What a process needs to run flows against this stack (the CLI, a worker, a test)."""
+        return {
+            "PREFECT_API_URL": self.prefect_api_url,
+            "MLFLOW_TRACKING_URI": self.mlflow_url,
+            # one store of cached task results for CLI runs and worker runs alike
+            "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(Path(self.state_dir) / "results"),
+        }
+
+    def alive(self) -> dict[str, bool]:
+        return {s.name: pid_alive(s.pid) for s in self.services}
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("GRPO_PIPELINE_STACK_DIR", DEFAULT_STATE_DIR)).resolve()
+
+
+def load(state_dir: Path | None = None) -> Stack | None:
+    """The stack recorded in `state_dir`, or None when none was started there."""
+    path = (state_dir or default_state_dir()) / STATE_FILE
+    return Stack.model_validate_json(path.read_text()) if path.is_file() else None
+
+
+def running(state_dir: Path | None = None) -> Stack | None:
+    """The recorded stack if its servers are up (answering their health checks), else None."""
+    stack = load(state_dir)
+    if stack is None or not all(stack.alive().values()):
+        return None
+    healthy = _healthy(f"{stack.prefect_api_url}/health") and _healthy(f"{stack.mlflow_url}/health")
+    return stack if healthy else None
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie, exited but not reaped, counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+# ----------------------------------------------------------------------------- serve
+
+
+def serve(
+    state_dir: Path | None = None,
+    project_dir: Path | None = None,
+    prefect_port: int = 4200,
+    mlflow_port: int = 5000,
+    timeout_s: float = 180.0,
+) -> Stack:
+    """Start the whole stack and return once it is healthy; on any failure, stop what was started and raise."""
+    state_dir = (state_dir or default_state_dir()).resolve()
+    project_dir = (project_dir or Path.cwd()).resolve()
+    if (project_dir / PREFECT_FILE).is_file() is False:
+        raise StackError(f"{project_dir / PREFECT_FILE} not found; run serve from the project's directory")
+    existing = load(state_dir)
+    if existing is not None and any(existing.alive().values()):
+        raise StackError(
+            f"the stack in {state_dir} is already up (Prefect UI {existing.prefect_ui_url}, MLflow UI "
+            f"{existing.mlflow_url}); `grpo-pipeline status` shows it, `grpo-pipeline stop` stops it"
+        )
+    (state_dir / "logs").mkdir(parents=True, exist_ok=True)
+    prefect_port = prefect_port or free_port()
+    mlflow_port = mlflow_port or free_port()
+    stack = Stack(
+        state_dir=str(state_dir),
+        project_dir=str(project_dir),
+        prefect_api_url=f"http://{HOST}:{prefect_port}/api",
+        mlflow_url=f"http://{HOST}:{mlflow_port}",
+        services=[],
+    )
+    env = stack_env(stack)
+    try:
+        _start_servers(stack, env, timeout_s)
+        for pool in POOLS:
+            _cli(["prefect", "work-pool", "create", pool, "--type", "process", "--overwrite"], env, project_dir)
+        _cli(["prefect", "--no-prompt", "deploy", "--prefect-file", PREFECT_FILE, "--all"], env, project_dir)
+        for pool in POOLS:
+            cmd = ["prefect", "worker", "start", "--pool", pool, "--name", f"grpo-{pool}"]
+            stack.services.append(_spawn(f"worker-{pool}", cmd, env, stack))
+        _wait_for_workers(stack, timeout_s)
+    except BaseException:
+        stop_services(stack)
+        raise
+    (state_dir / STATE_FILE).write_text(stack.model_dump_json(indent=2))
+    return stack
+
+
+def stack_env(stack: Stack) -> dict[str, str]:
+    """The environment of every process of the stack: its own Prefect home, loopback URLs, analytics off."""
+    state = Path(stack.state_dir)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API_", "MLFLOW_TRACKING_"))}
+    env.update(stack.client_env())
+    env.update(
+        PREFECT_HOME=str(state / "prefect"),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_SERVER_API_HOST=HOST,
+        PREFECT_LOGGING_EXTRA_LOGGERS="grpo_pipeline",
+        # the deployments' pull step changes into the project directory (deployments/prefect.yaml)
+        GRPO_PIPELINE_PROJECT_DIR=stack.project_dir,
+        PYTHONUNBUFFERED="1",
+    )
+    env.setdefault("PREFECT_WORKER_QUERY_SECONDS", "5")
+    return env
+
+
+def _start_servers(stack: Stack, env: Mapping[str, str], timeout_s: float) -> None:
+    state = Path(stack.state_dir)
+    prefect_port = stack.prefect_api_url.rsplit(":", 1)[1].split("/")[0]
+    mlflow_port = stack.mlflow_url.rsplit(":", 1)[1]
+    prefect = ["prefect", "server", "start", "--host", HOST, "--port", prefect_port]
+    stack.services.append(_spawn("prefect-server", prefect, env, stack))
+    mlflow = [
+        "mlflow", "server", "--host", HOST, "--port", mlflow_port, "--workers", "1",
+        "--backend-store-uri", f"sqlite:///{state / 'mlflow.db'}",
+        "--artifacts-destination", str(state / "mlartifacts"), "--serve-artifacts",
+    ]  # fmt: skip
+    stack.services.append(_spawn("mlflow-server", mlflow, env, stack))
+    _wait_healthy(stack.services[0], f"{stack.prefect_api_url}/health", timeout_s)
+    _wait_healthy(stack.services[1], f"{stack.mlflow_url}/health", timeout_s)
+
+
+def _bin(name: str) -> str:
+    """A console script of this environment (prefect, mlflow), found beside the interpreter."""
+    path = Path(sys.executable).with_name(name)
+    if not path.exists():
+        raise StackError(f"{path} not found; is the project installed in this environment (make install)?")
+    return str(path)
+
+
+def _spawn(name: str, cmd: list[str], env: Mapping[str, str], stack: Stack) -> Service:
+    log = Path(stack.state_dir) / "logs" / f"{name}.log"
+    with log.open("ab") as fh:
+        proc = subprocess.Popen(
+            [_bin(cmd[0]), *cmd[1:]],
+            cwd=stack.project_dir,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stopped as a whole, outlives this command
+        )
+    return Service(name=name, pid=proc.pid, log=str(log))
+
+
+def _cli(cmd: list[str], env: Mapping[str, str], cwd: Path) -> None:
+    proc = subprocess.run([_bin(cmd[0]), *cmd[1:]], cwd=cwd, env=dict(env), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise StackError(f"`{' '.join(cmd)}` failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _wait_healthy(service: Service, url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not _healthy(url):
+        if not pid_alive(service.pid):
+            raise StackError(f"{service.name} exited during start-up; its log ({service.log}) ends:\n{_tail(service)}")
+        if time.monotonic() > deadline:
+            raise StackError(f"{service.name} did not answer {url} within {timeout_s:.0f} s; see {service.log}")
+        time.sleep(0.5)
+
+
+def _wait_for_workers(stack: Stack, timeout_s: float) -> None:
+    """Until each pool has an ONLINE worker (a worker registers with its first poll)."""
+    deadline = time.monotonic() + timeout_s
+    for pool in POOLS:
+        url = f"{stack.prefect_api_url}/work_pools/{pool}/workers/filter"
+        while True:
+            workers = httpx.post(url, json={}, timeout=5.0).json()
+            if any(w.get("status") == "ONLINE" for w in workers):
+                break
+            worker = next(s for s in stack.services if s.name == f"worker-{pool}")
+            if not pid_alive(worker.pid):
+                raise StackError(f"the {pool} worker exited; its log ({worker.log}) ends:\n{_tail(worker)}")
+            if time.monotonic() > deadline:
+                raise StackError(f"no {pool} worker came online within {timeout_s:.0f} s; see {worker.log}")
+            time.sleep(0.5)
+
+
+def _tail(service: Service, chars: int = 2000) -> str:
+    try:
+        return Path(service.log).read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
+# ----------------------------------------------------------------------------- stop
+
+
+def stop(state_dir: Path | None = None) -> list[str]:
+    """Stop what `serve` recorded in `state_dir`; returns the names of the services that were still running."""
+    state_dir = (state_dir or default_state_dir()).resolve()
+    stack = load(state_dir)
+    if stack is None:
+        return []
+    stopped = stop_services(stack)
+    (state_dir / STATE_FILE).unlink(missing_ok=True)
+    return stopped
+
+
+def stop_services(stack: Stack, grace_s: float = 15.0) -> list[str]:
+    """SIGTERM each service's process group (workers first, servers last), then SIGKILL what is left."""
+    live = [s for s in reversed(stack.services) if pid_alive(s.pid)]
+    for service in live:
+        _signal_group(service.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while pid_alive(service.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        _signal_group(service.pid, signal.SIGKILL)
+    return [s.name for s in live]
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # already gone
+        os.killpg(pid, sig)
+
+
+def status_lines(stack: Stack | None) -> list[str]:
+    """Human-readable status of a recorded stack."""
+    if stack is None:
+        return ["no stack recorded; start one with `grpo-pipeline serve`"]
+    alive = stack.alive()
+    lines = [f"Prefect UI {stack.prefect_ui_url}", f"MLflow UI  {stack.mlflow_url}"]
+    lines += [f"{s.name:15} pid {s.pid:<8} {'running' if alive[s.name] else 'STOPPED'}" for s in stack.services]
+    return lines
+
+
+def summary_json(stack: Stack) -> str:
+    return json.dumps({**stack.model_dump(), "alive": stack.alive()}, indent=2)
