@@ -5,11 +5,14 @@ job template and rendered with its defaults as a worker renders it. Neither is b
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import shlex
+import uuid
 from pathlib import Path
 from typing import Any
+from unittest.mock import MagicMock
 
 import pytest
 from prefect.server.schemas.actions import validate_base_job_template
@@ -55,7 +58,7 @@ def arguments(instructions: list[tuple[str, str]], keyword: str) -> list[str]:
 
 def build_args(instructions: list[tuple[str, str]]) -> dict[str, str]:
     """ARG name=default (an ARG without a default maps to '')."""
-    return dict((arg.split("=", 1) + [""])[:2] for arg in arguments(instructions, "ARG"))
+    return {name: default for name, _, default in (arg.partition("=") for arg in arguments(instructions, "ARG"))}
 
 
 def env_values(instructions: list[tuple[str, str]]) -> dict[str, str]:
@@ -71,7 +74,7 @@ def shell_commands(instructions: list[tuple[str, str]]) -> list[list[str]]:
 
 
 def test_dockerfile_parser_joins_continuations_and_drops_comments():
-    text = "FROM a\n# note\nRUN one \\\n    # inside\n    && two\nCMD [\"x\"]\n"
+    text = 'FROM a\n# note\nRUN one \\\n    # inside\n    && two\nCMD ["x"]\n'
     assert dockerfile_instructions(text) == [("FROM", "a"), ("RUN", "one && two"), ("CMD", '["x"]')]
 
 
@@ -232,6 +235,26 @@ def test_manifest_keeps_what_the_kubernetes_worker_requires(template):
     assert (pod["parallelism"], pod["completions"], pod["restartPolicy"]) == (1, 1, "Never")
     assert pod["containers"][0]["name"] == "prefect-job"
     assert "labels" in manifest["metadata"]
+
+
+def test_kubernetes_worker_builds_a_gpu_job_from_the_template(template):
+    """The real thing where prefect-kubernetes is installed (it is not a dependency of the project)."""
+    worker = pytest.importorskip("prefect_kubernetes.worker")
+    from prefect.client.schemas.objects import FlowRun
+
+    async def job_manifest(values: dict[str, Any]) -> dict[str, Any]:
+        # No block or Prefect-variable placeholders in the template, so the client is never called.
+        configuration = await worker.KubernetesWorkerJobConfiguration.from_template_and_values(
+            template, values, client=MagicMock()
+        )
+        configuration.prepare_for_flow_run(FlowRun(flow_id=uuid.uuid4(), name="happy-panda"))
+        return configuration.job_manifest
+
+    pod = asyncio.run(job_manifest({"gpu_count": 2}))["spec"]["template"]["spec"]
+    (job_container,) = pod["containers"]
+    assert job_container["resources"]["limits"] == {"nvidia.com/gpu": 2}
+    assert job_container["args"] == ["prefect", "flow-run", "execute"]
+    assert {"name": "MLFLOW_TRACKING_URI", "value": "http://mlflow:5000"} in job_container["env"]
 
 
 def test_readme_builds_the_image_the_template_runs(template):
