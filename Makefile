@@ -6,7 +6,7 @@ TORCH_VERSION ?= 2.13.0
 CONFIG ?= configs/tiny-arith.yaml
 PYTEST_ARGS ?=
 
-.PHONY: run test test-fast lint install clean
+.PHONY: run test test-fast lint install serve stop status clean
 
 # bubblewrap isolates model-written programs in the code reward's sandbox (docs/rewards.md); without it, as root,
 # the sandbox refuses to run them. Installed where we can (root on Debian/Ubuntu); never fails the install.
@@ -33,6 +33,16 @@ $(VENV)/.installed: pyproject.toml
 run: install
 	$(BIN)/grpo-pipeline run --config $(CONFIG)
 
+# The local production stack on loopback (Prefect + MLflow servers, work pools, deployments, workers).
+serve: install
+	$(BIN)/grpo-pipeline serve
+
+stop: install
+	$(BIN)/grpo-pipeline stop
+
+status: install
+	$(BIN)/grpo-pipeline status
+
 # Everything CI runs: lint first, then every test tier.
 test: install lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
@@ -46,4 +56,4 @@ lint: install
 	$(BIN)/ruff format --check .
 
 clean:
-	rm -rf runs .prefect
+	rm -rf runs .prefect .grpo-stack

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prefect import Task, flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from grpo_pipeline.configs.schema import ConfigError, PipelineConfig, load_config
 from grpo_pipeline.flows.grpo_train import remote_grpo_train
@@ -152,5 +152,8 @@ def grpo_pipeline(
     summary = Summary.build(cfg, records, baseline, rounds)
     markdown = summary.to_markdown()
     create_markdown_artifact(markdown=markdown, key="grpo-pipeline-summary", description="Run summary")
+    create_table_artifact(
+        table=summary.score_table(), key="grpo-pipeline-scores", description=f"Held-out scores ({cfg.name})"
+    )
     logger.info("pipeline finished:\n%s", markdown)
     return summary

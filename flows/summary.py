@@ -58,6 +58,10 @@ class Summary(BaseModel):
     def total_seconds(self) -> float:
         return sum(s.seconds for s in self.stages)
 
+    def score_table(self) -> list[dict[str, str | float | int]]:
+        """One row per evaluated model with its scores and the eval settings (a Prefect table artifact)."""
+        return [{"model": row.model, **row.metrics, **self.eval_settings} for row in self.scores]
+
     def score_columns(self) -> list[str]:
         return list(self.scores[0].metrics) if self.scores else []
 

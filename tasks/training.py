@@ -20,6 +20,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase, Trainer
 
 from grpo_pipeline.configs.schema import ModelConfig
 from grpo_pipeline.tasks.common import Checkpoint, atomic_dir, fingerprint_path, logger
+from grpo_pipeline.tasks.progress import PrefectProgress
 from grpo_pipeline.tasks.stage import RunContext
 from grpo_pipeline.tasks.tracking import mlflow_run
 
@@ -93,6 +94,7 @@ def train_policy(
             **precision_args(model_cfg),
         }
         trainer = build(common, tokenizer)
+        trainer.add_callback(PrefectProgress(stage))
         result = trainer.train()
         logger.info("%s finished: %d steps, train loss %.4f", stage, result.global_step, result.training_loss)
         meta = {"stage": stage, "steps": result.global_step, "train_loss": result.training_loss, **(meta or {})}

@@ -1,0 +1,110 @@
+"""What does orchestration cost? One recipe three ways, in one run, each a fresh process on a fresh run directory:
+
+  (a) the stage functions in a plain Python loop, no Prefect (tasks/*.py called directly);
+  (b) `grpo-pipeline run` with a temporary Prefect server (no stack running);
+  (c) `grpo-pipeline run` against the running stack (`grpo-pipeline serve`, started here on free ports);
+
+then a fully cached rerun of (b) and of (c). Every time is the whole command, from process start to exit. The
+last line is machine-readable:
+  overhead_pct=<(c)/(a)-1> ephemeral_overhead_pct=<(b)/(a)-1> warm_pct=<cached (c) / cold (c)>   (percent)
+
+Usage:
+  python benchmarks/overhead.py                          # a shortened default recipe (about 2 minutes a run)
+  python benchmarks/overhead.py -- sft.max_steps=3500    # overrides for the recipe (here: the full SFT)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+CONFIG = "configs/tiny-arith.yaml"
+# The default recipe, shortened so that three cold runs fit in a few minutes; the overhead is a fixed cost, so a
+# longer recipe only lowers its share.
+SHORT = ["sft.max_steps=1500", "grpo.rounds=1", "grpo.steps_per_round=150", "data.num_eval=300"]
+
+PLAIN_LOOP = textwrap.dedent("""
+    import sys
+    from grpo_pipeline.configs.schema import load_config
+    from grpo_pipeline.runtime import setup
+    from grpo_pipeline.tasks.data import prepare_data
+    from grpo_pipeline.tasks.evaluate import evaluate
+    from grpo_pipeline.tasks.grpo import grpo_train
+    from grpo_pipeline.tasks.model import prepare_base_model
+    from grpo_pipeline.tasks.register import register_policy
+    from grpo_pipeline.tasks.sft import sft_warmup
+    from grpo_pipeline.tasks.stage import RunContext
+    from grpo_pipeline.tasks.validate import validate_data
+
+    cfg = load_config(sys.argv[1], sys.argv[2:])
+    setup(cfg)
+    ctx = RunContext(run_dir=cfg.run_dir, experiment=cfg.registry.experiment, recipe=cfg.name, seed=cfg.seed)
+    data = validate_data(prepare_data(cfg.data, cfg.run_dir), cfg.data)
+    policy = sft_warmup(prepare_base_model(cfg.model, cfg.run_dir, cfg.seed), data.train, cfg.sft, cfg.model, ctx)
+    baseline = evaluate(policy, data.eval, cfg.eval, ctx, label="sft")
+    for r in range(1, cfg.grpo.rounds + 1):
+        policy = grpo_train(policy, data.train, cfg.grpo, cfg.model, r, ctx, data.eval, cfg.eval.correctness_reward)
+        result = evaluate(policy, data.eval, cfg.eval, ctx, label=f"r{r}")
+        register_policy(policy, result, baseline, cfg.registry, ctx, cfg.to_yaml(), {"round": str(r)})
+""")
+
+
+def timed(cmd: list[str], env: dict[str, str], label: str) -> float:
+    print(f"[{label}] $ {' '.join(cmd[:4])} ...", flush=True)
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"[{label}] failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    print(f"[{label}] {seconds:.1f} s", flush=True)
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*", help="key.sub=value overrides for the recipe")
+    args = parser.parse_args()
+    overrides = [*SHORT, *args.overrides]
+    work = Path(tempfile.mkdtemp(prefix="grpo-overhead-"))
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    # no stack for (a) and (b): point the stack lookup at an empty directory
+    alone = {**base, "GRPO_PIPELINE_STACK_DIR": str(work / "no-stack"), "PREFECT_HOME": str(work / "prefect-b")}
+    cli = [str(BIN / "grpo-pipeline"), "run", "--config", CONFIG]
+
+    times: dict[str, float] = {}
+    times["a"] = timed([sys.executable, "-c", PLAIN_LOOP, CONFIG, f"run_dir={work / 'a'}", *overrides], alone, "a")
+    times["b"] = timed([*cli, f"run_dir={work / 'b'}", *overrides], alone, "b cold")
+    times["b_warm"] = timed([*cli, f"run_dir={work / 'b'}", *overrides], alone, "b cached")
+
+    stack_env = {**base, "GRPO_PIPELINE_STACK_DIR": str(work / "stack"), "PREFECT_HOME": str(work / "prefect-c")}
+    serve = [str(BIN / "grpo-pipeline"), "serve", "--prefect-port", "0", "--mlflow-port", "0"]
+    subprocess.run(serve, cwd=REPO, env=stack_env, check=True, capture_output=True)
+    try:
+        times["c"] = timed([*cli, f"run_dir={work / 'c'}", *overrides], stack_env, "c cold")
+        times["c_warm"] = timed([*cli, f"run_dir={work / 'c'}", *overrides], stack_env, "c cached")
+    finally:
+        subprocess.run([str(BIN / "grpo-pipeline"), "stop"], cwd=REPO, env=stack_env, check=False)
+
+    print(f"\n{'way':40} {'seconds':>8} {'vs (a)':>8}")
+    for key, label in [("a", "(a) stage functions, no Prefect"), ("b", "(b) CLI, temporary Prefect server"),
+                       ("c", "(c) CLI, running stack"), ("b_warm", "(b) cached rerun"),
+                       ("c_warm", "(c) cached rerun")]:  # fmt: skip
+        print(f"{label:40} {times[key]:8.1f} {times[key] / times['a']:7.2f}x")
+    print(f"run directories under {work}")
+    print(
+        f"overhead_pct={100 * (times['c'] / times['a'] - 1):.1f} "
+        f"ephemeral_overhead_pct={100 * (times['b'] / times['a'] - 1):.1f} "
+        f"warm_pct={100 * times['c_warm'] / times['c']:.1f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

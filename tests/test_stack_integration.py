@@ -1,0 +1,187 @@
+"""The stack as users run it: `grpo-pipeline serve` on free loopback ports, deployments run with the `prefect` CLI
+through the workers, checked through the Prefect and MLflow REST APIs, and `grpo-pipeline stop`.
+
+One module-scoped stack serves every test; its teardown stops it and checks that no process it started is left,
+also when a test failed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from grpo_pipeline.stack import Stack, pid_alive
+from tests.helpers import ROOT, cli_env, micro_overrides
+
+pytestmark = pytest.mark.integration
+
+BIN = Path(sys.executable).parent
+MODEL = "stack-micro"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory) -> Stack:
+    tmp = tmp_path_factory.mktemp("stack")
+    state = tmp / "state"
+    env = cli_env(tmp)
+    serve = [
+        str(BIN / "grpo-pipeline"),
+        "serve",
+        "--state-dir",
+        str(state),
+        "--prefect-port",
+        "0",
+        "--mlflow-port",
+        "0",
+    ]
+    started: Stack | None = None
+    try:
+        proc = subprocess.run(serve, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+        if (state / "stack.json").exists():
+            started = Stack.model_validate_json((state / "stack.json").read_text())
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert started is not None
+        yield started
+    finally:
+        subprocess.run([str(BIN / "grpo-pipeline"), "stop", "--state-dir", str(state)], cwd=ROOT, env=env, timeout=120)
+        if started is not None:
+            deadline = time.monotonic() + 30
+            while any(pid_alive(s.pid) for s in started.services) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert not [s.name for s in started.services if pid_alive(s.pid)], "grpo-pipeline stop left processes"
+
+
+def prefect_cli(stack: Stack, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**cli_env(Path(stack.state_dir)), **stack.client_env()}
+    return subprocess.run([str(BIN / "prefect"), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+
+
+def api(stack: Stack, method: str, path: str, body: dict | None = None) -> object:
+    r = httpx.request(method, f"{stack.prefect_api_url}{path}", json=body, timeout=30)
+    r.raise_for_status()
+    return r.json()
+
+
+def flow_runs(stack: Stack, flow_name: str) -> list[dict]:
+    body = {"flows": {"name": {"any_": [flow_name]}}, "sort": "START_TIME_DESC"}
+    return api(stack, "POST", "/flow_runs/filter", body)
+
+
+def run_deployment(stack: Stack, name: str, overrides: list[str]) -> dict:
+    """Run a deployment through its worker with `prefect deployment run --watch`; returns the flow run."""
+    params = json.dumps({"overrides": overrides})
+    proc = prefect_cli(stack, "deployment", "run", name, "--params", params, "--watch")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    flow_run_id = next(line.split()[-1] for line in proc.stdout.splitlines() if "UUID:" in line)
+    return api(stack, "GET", f"/flow_runs/{flow_run_id}")
+
+
+def task_states(stack: Stack, flow_run_id: str) -> dict[str, str]:
+    runs = api(stack, "POST", "/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})
+    return {r["name"]: r["state_name"] for r in runs}
+
+
+def micro(stack: Stack, *extra: str) -> list[str]:
+    return [*micro_overrides(Path(stack.state_dir) / "runs"), f"registry.model_name={MODEL}", *extra]
+
+
+def test_local_deployment_sends_grpo_to_the_gpu_pool_and_registers_through_mlflow(stack: Stack) -> None:
+    parent = run_deployment(stack, "grpo-pipeline/local", micro(stack, "grpo.work_pool=gpu"))
+    assert parent["state_type"] == "COMPLETED" and parent["work_pool_name"] == "cpu"
+    children = [r for r in flow_runs(stack, "grpo-train") if r["parent_task_run_id"]]
+    assert children and children[0]["work_pool_name"] == "gpu" and children[0]["state_type"] == "COMPLETED"
+
+    # what the Prefect UI shows: summary, score table and training progress as artifacts, the stages' own logs
+    artifacts = api(stack, "POST", "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [parent["id"]]}}})
+    assert {"grpo-pipeline-summary", "grpo-pipeline-scores", "sft-progress"} <= {a["key"] for a in artifacts}
+    child_artifacts = api(
+        stack, "POST", "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [children[0]["id"]]}}}
+    )
+    assert any(a["key"] == "grpo-r1-progress" and a["data"] == 100.0 for a in child_artifacts), child_artifacts
+    logs = api(stack, "POST", "/logs/filter", {"logs": {"flow_run_id": {"any_": [parent["id"]]}}, "limit": 200})
+    assert any(log["name"] == "grpo_pipeline" and "eval r1: accuracy" in log["message"] for log in logs)
+
+    versions = httpx.get(
+        f"{stack.mlflow_url}/api/2.0/mlflow/model-versions/search", params={"filter": f"name='{MODEL}'"}
+    ).json()["model_versions"]
+    assert [v["version"] for v in versions] == ["1"]
+    source = versions[0]["source"]
+    assert source.startswith("mlflow-artifacts:/"), source  # stored by the server, not a local path
+    # the model's files come back over HTTP from the server's artifact proxy
+    path = source.removeprefix("mlflow-artifacts:/")
+    config = httpx.get(f"{stack.mlflow_url}/api/2.0/mlflow-artifacts/artifacts/{path}/config.json")
+    assert config.status_code == 200 and config.json()["model_type"] == "llama"
+
+
+def test_a_second_serve_says_the_stack_is_up(stack: Stack) -> None:
+    proc = subprocess.run(
+        [str(BIN / "grpo-pipeline"), "serve", "--state-dir", stack.state_dir],
+        cwd=ROOT, env=cli_env(Path(stack.state_dir)), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1 and "already up" in proc.stdout
+    status = subprocess.run(
+        [str(BIN / "grpo-pipeline"), "status", "--state-dir", stack.state_dir, "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert all(json.loads(status.stdout)["alive"].values())
+
+
+def test_nightly_is_scheduled_inactive_continues_from_the_champion_and_caches(stack: Stack) -> None:
+    nightly = api(stack, "GET", "/deployments/name/grpo-pipeline/nightly")
+    assert [(s["schedule"]["cron"], s["active"]) for s in nightly["schedules"]] == [("0 3 * * *", False)]
+    champion = f"models:/{MODEL}@champion"
+    if not httpx.get(f"{stack.mlflow_url}/api/2.0/mlflow/registered-models/alias",
+                     params={"name": MODEL, "alias": "champion"}).is_success:  # fmt: skip
+        run_deployment(stack, "grpo-pipeline/local", micro(stack))  # this test alone: register a champion first
+    version = httpx.get(
+        f"{stack.mlflow_url}/api/2.0/mlflow/registered-models/alias", params={"name": MODEL, "alias": "champion"}
+    ).json()["model_version"]["version"]
+
+    overrides = micro(stack, f"model.base={champion}", "sft.enabled=false")
+    first = run_deployment(stack, "grpo-pipeline/nightly", overrides)
+    assert first["state_type"] == "COMPLETED"
+    assert "sft_warmup" not in {n.split("-")[0] for n in task_states(stack, first["id"])}
+    newest = httpx.get(
+        f"{stack.mlflow_url}/api/2.0/mlflow/model-versions/search", params={"filter": f"name='{MODEL}'"}
+    ).json()["model_versions"]
+    tags = {t["key"]: t["value"] for t in max(newest, key=lambda v: int(v["version"]))["tags"]}
+    assert tags["parent_model"] == f"models:/{MODEL}/{version}"
+
+    second = run_deployment(stack, "grpo-pipeline/nightly", overrides)
+    states = task_states(stack, second["id"])
+    if httpx.get(f"{stack.mlflow_url}/api/2.0/mlflow/registered-models/alias",
+                 params={"name": MODEL, "alias": "champion"}).json()["model_version"]["version"] == version:  # fmt: skip
+        assert set(states.values()) == {"Cached"}, states  # neither the data nor the champion changed
+
+
+def test_cancelling_the_pipeline_cancels_its_grpo_child(stack: Stack) -> None:
+    params = json.dumps({"overrides": micro(stack, "grpo.work_pool=gpu", "grpo.steps_per_round=5000", "seed=7")})
+    proc = prefect_cli(stack, "deployment", "run", "grpo-pipeline/local", "--params", params)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    parent_id = next(line.split()[-1] for line in proc.stdout.splitlines() if "UUID:" in line)
+
+    def child() -> dict | None:
+        runs = [r for r in flow_runs(stack, "grpo-train") if r["state_type"] in ("RUNNING", "CANCELLING", "CANCELLED")]
+        mine = [r for r in runs if r["parameters"].get("ctx", {}).get("seed") == 7]
+        return mine[0] if mine else None
+
+    deadline = time.monotonic() + 300
+    while (c := child()) is None or c["state_type"] != "RUNNING":
+        assert time.monotonic() < deadline, "the GRPO child never started"
+        time.sleep(2)
+    cancel = prefect_cli(stack, "flow-run", "cancel", parent_id, timeout=60)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    deadline = time.monotonic() + 240
+    while True:
+        states = (api(stack, "GET", f"/flow_runs/{parent_id}")["state_type"], child()["state_type"])
+        if states == ("CANCELLED", "CANCELLED"):
+            break
+        assert time.monotonic() < deadline, f"parent and child ended as {states}"
+        time.sleep(2)
