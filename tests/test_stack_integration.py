@@ -133,16 +133,20 @@ def test_a_second_serve_says_the_stack_is_up(stack: Stack) -> None:
     assert all(json.loads(status.stdout)["alive"].values())
 
 
+def champion_version(stack: Stack) -> str | None:
+    r = httpx.get(
+        f"{stack.mlflow_url}/api/2.0/mlflow/registered-models/alias", params={"name": MODEL, "alias": "champion"}
+    )
+    return r.json()["model_version"]["version"] if r.is_success else None
+
+
 def test_nightly_is_scheduled_inactive_continues_from_the_champion_and_caches(stack: Stack) -> None:
     nightly = api(stack, "GET", "/deployments/name/grpo-pipeline/nightly")
     assert [(s["schedule"]["cron"], s["active"]) for s in nightly["schedules"]] == [("0 3 * * *", False)]
     champion = f"models:/{MODEL}@champion"
-    if not httpx.get(f"{stack.mlflow_url}/api/2.0/mlflow/registered-models/alias",
-                     params={"name": MODEL, "alias": "champion"}).is_success:  # fmt: skip
+    if champion_version(stack) is None:
         run_deployment(stack, "grpo-pipeline/local", micro(stack))  # this test alone: register a champion first
-    version = httpx.get(
-        f"{stack.mlflow_url}/api/2.0/mlflow/registered-models/alias", params={"name": MODEL, "alias": "champion"}
-    ).json()["model_version"]["version"]
+    version = champion_version(stack)
 
     overrides = micro(stack, f"model.base={champion}", "sft.enabled=false")
     first = run_deployment(stack, "grpo-pipeline/nightly", overrides)
@@ -156,8 +160,7 @@ def test_nightly_is_scheduled_inactive_continues_from_the_champion_and_caches(st
 
     second = run_deployment(stack, "grpo-pipeline/nightly", overrides)
     states = task_states(stack, second["id"])
-    if httpx.get(f"{stack.mlflow_url}/api/2.0/mlflow/registered-models/alias",
-                 params={"name": MODEL, "alias": "champion"}).json()["model_version"]["version"] == version:  # fmt: skip
+    if champion_version(stack) == version:
         assert set(states.values()) == {"Cached"}, states  # neither the data nor the champion changed
 
 
