@@ -41,6 +41,7 @@ def run_pipeline(config: Path, run_dir: Path, overrides: list[str]) -> dict:
     summary_path = run_dir / "summary.json"
     env = {**os.environ, "PREFECT_HOME": str(run_dir.resolve() / ".prefect")}
     env.pop("MLFLOW_TRACKING_URI", None)  # the run directory's own store, so the benchmark can read it back
+    env["GRPO_PIPELINE_STACK_DIR"] = str(run_dir.resolve() / "no-stack")  # never a running stack's MLflow
     cmd = [
         sys.executable,
         "-m",

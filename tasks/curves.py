@@ -1,68 +1,18 @@
-"""Learning curves for GRPO: a cheap held-out accuracy probe during training, and the reward-curve plot.
+"""The GRPO learning-curve plot: sampled reward, sampled accuracy and the held-out probe (tasks/probe.py) per step.
 
-The probe measures greedy accuracy on a fixed subset of the held-out split every few steps (one batched
-`generate` call), so the curve shows what evaluation measures (greedy answers on unseen problems), not only the
-sampled training reward. The plot is drawn from the GRPO run's MLflow metrics after training and logged to the
-same run as `plots/learning_curve.png`.
+Drawn from the GRPO run's MLflow metrics after training and logged to the same run as `plots/learning_curve.png`.
+matplotlib loads only when a figure is drawn.
 """
 
 from __future__ import annotations
 
-import matplotlib
+from typing import TYPE_CHECKING, Any
 
-matplotlib.use("Agg")  # no display on workers and CI
-import matplotlib.pyplot as plt
-import pandas as pd
-from transformers import TrainerCallback
-
-from grpo_pipeline.rewards import build_reward
-from grpo_pipeline.tasks.evaluate import generate, score_completions
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PROBE_METRIC = "probe/greedy_accuracy"
 CURVE_ARTIFACT = "plots/learning_curve.png"
-
-
-def greedy_accuracy(model, tokenizer, rows: pd.DataFrame, reward, max_new_tokens: int) -> float:
-    """Fraction of `rows` whose greedy completion gets `reward` >= 1.0 (one batched generate call)."""
-    was_training, side = model.training, tokenizer.padding_side
-    model.eval()
-    tokenizer.padding_side = "left"
-    try:
-        texts = generate(model, tokenizer, rows["prompt"].tolist(), max_new_tokens=max_new_tokens, batch_size=len(rows))
-    finally:
-        model.train(was_training)
-        tokenizer.padding_side = side
-    correct = score_completions(reward, rows, texts)
-    return sum(ok[0] for ok in correct) / len(rows)
-
-
-class HeldOutAccuracyProbe(TrainerCallback):
-    """Log greedy accuracy on a fixed held-out subset at step 0 and every `every_steps` steps (MLflow metric
-    `probe/greedy_accuracy`); keeps the values in `history` as (step, accuracy)."""
-
-    def __init__(self, rows: pd.DataFrame, tokenizer, every_steps: int, max_new_tokens: int, correctness: str):
-        self.rows = rows.reset_index(drop=True)
-        self.tokenizer = tokenizer
-        self.every_steps = every_steps
-        self.max_new_tokens = max_new_tokens
-        self.reward = build_reward(correctness)
-        self.history: list[tuple[int, float]] = []
-
-    def _measure(self, step: int, model) -> None:
-        import mlflow
-
-        acc = greedy_accuracy(model, self.tokenizer, self.rows, self.reward, self.max_new_tokens)
-        self.history.append((step, acc))
-        if mlflow.active_run() is not None:
-            mlflow.log_metric(PROBE_METRIC, acc, step=step)
-
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self._measure(0, model)
-
-    def on_step_end(self, args, state, control, model=None, **kwargs):
-        due = state.global_step % self.every_steps == 0 or state.global_step == state.max_steps
-        if due and (not self.history or self.history[-1][0] != state.global_step):
-            self._measure(state.global_step, model)
 
 
 def learning_curve_figure(
@@ -70,9 +20,14 @@ def learning_curve_figure(
     sft_accuracy: float | None,
     final_accuracy: float | None = None,
     title: str = "GRPO learning curve",
-):
+) -> Figure:
     """Mean sampled reward, sampled accuracy and the held-out greedy-accuracy probe per step, with the SFT
     checkpoint's held-out greedy accuracy as a baseline line. `history` maps metric name -> [(step, value)]."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on workers and CI
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     styles = {
         "reward": ("mean sampled reward (weighted sum)", "tab:blue", "-"),
@@ -107,6 +62,6 @@ def learning_curve_figure(
     return fig
 
 
-def metric_history(client, run_id: str, keys: list[str]) -> dict[str, list[tuple[int, float]]]:
+def metric_history(client: Any, run_id: str, keys: list[str]) -> dict[str, list[tuple[int, float]]]:
     """[(step, value)] per metric key of an MLflow run (missing keys give empty lists)."""
     return {k: [(m.step, m.value) for m in client.get_metric_history(run_id, k)] for k in keys}

@@ -10,10 +10,8 @@ import json
 from pathlib import Path
 
 import pandas as pd
-import torch
 from pydantic import BaseModel
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM
 
 from grpo_pipeline.configs.schema import EvalConfig
 from grpo_pipeline.rewards import build_reward
@@ -42,7 +40,6 @@ class EvalResult(BaseModel):
         return out
 
 
-@torch.no_grad()
 def generate(
     model,
     tokenizer,
@@ -56,6 +53,8 @@ def generate(
     desc: str = "generate",
 ) -> list[list[str]]:
     """Completions for each prompt: greedy when `n` is 1, else `n` samples. Batched over prompts (left padding)."""
+    import torch
+
     sample = n > 1
     per_batch = max(1, batch_size // n)
     starts = range(0, len(prompts), per_batch)
@@ -63,17 +62,18 @@ def generate(
     for start in tqdm(starts, desc=desc, unit="batch", leave=False, disable=len(starts) <= 1):
         batch = prompts[start : start + per_batch]
         enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
-        gen = model.generate(
-            **enc,
-            max_new_tokens=max_new_tokens,
-            do_sample=sample,
-            temperature=temperature if sample else None,
-            top_p=top_p if sample else None,
-            top_k=None,
-            num_return_sequences=n,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
+        with torch.no_grad():
+            gen = model.generate(
+                **enc,
+                max_new_tokens=max_new_tokens,
+                do_sample=sample,
+                temperature=temperature if sample else None,
+                top_p=top_p if sample else None,
+                top_k=None,
+                num_return_sequences=n,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
         texts = tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         out.extend(texts[i * n : (i + 1) * n] for i in range(len(batch)))
     return out
@@ -106,6 +106,9 @@ def evaluate(policy: Checkpoint, held_out: Ref, cfg: EvalConfig, ctx: RunContext
     reward = build_reward(cfg.correctness_reward)
     tokenizer = load_tokenizer(policy.path)
     tokenizer.padding_side = "left"
+    import torch
+    from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(policy.path)
     model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
     prompts = rows["prompt"].tolist()

@@ -11,23 +11,26 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
-from transformers import PreTrainedTokenizerBase
-from trl import GRPOConfig as TRLGRPOConfig
-from trl import GRPOTrainer
 
 from grpo_pipeline.configs.schema import GRPOConfig, ModelConfig
 from grpo_pipeline.rewards import build_rewards
 from grpo_pipeline.tasks.common import Checkpoint, Ref
-from grpo_pipeline.tasks.curves import HeldOutAccuracyProbe
 from grpo_pipeline.tasks.stage import RunContext, stage, user_code
 from grpo_pipeline.tasks.training import load_split, train_policy, vllm_available
+
+if TYPE_CHECKING:  # the training libraries load when a round runs, not when a cached run imports the flow
+    from transformers import PreTrainedTokenizerBase
+    from trl import GRPOConfig as TRLGRPOConfig
+    from trl import GRPOTrainer
 
 
 def trl_grpo_args(cfg: GRPOConfig, common: dict[str, Any], weights: list[float]) -> TRLGRPOConfig:
     """Map the pipeline's GRPO section (batch fields in prompts and generations) onto TRL's GRPOConfig."""
+    from trl import GRPOConfig as TRLGRPOConfig
+
     use_vllm = vllm_available() if cfg.use_vllm == "auto" else bool(cfg.use_vllm)
     return TRLGRPOConfig(
         **common,
@@ -74,6 +77,10 @@ def grpo_train(
 
     With `held_out`, greedy accuracy on its first `cfg.probe_problems` rows is logged during training.
     """
+    from trl import GRPOTrainer
+
+    from grpo_pipeline.tasks.probe import HeldOutAccuracyProbe
+
     reward_fns, weights = build_rewards(cfg.rewards)
     dataset = load_split(train.require())
     if "completion" in dataset.column_names:  # the SFT target; TRL would pass it to rewards as a column

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 from grpo_pipeline.configs.schema import ModelConfig
 from grpo_pipeline.tasks.common import Checkpoint, atomic_dir, fingerprint_path, logger
 from grpo_pipeline.tasks.stage import stage
-from grpo_pipeline.tasks.tiny_model import build_tiny_model
 from grpo_pipeline.tasks.tracking import tracking_uri
 
 if TYPE_CHECKING:
@@ -60,6 +59,8 @@ def resolve_registered(uri: str, run_dir: str) -> ModelVersion:
 def prepare_base_model(cfg: ModelConfig, run_dir: str, seed: int, out: Path) -> Checkpoint:
     """A Checkpoint for the configured base model, building the tiny model into `out` when `base` is 'tiny'."""
     if cfg.base == "tiny":
+        from grpo_pipeline.tasks.tiny_model import build_tiny_model
+
         build_tiny_model(cfg.tiny, out, seed)
         logger.info("built the embedded tiny model in %s", out)
         return Checkpoint(path=str(out), fingerprint=fingerprint_path(out), parent="tiny", stage="base")

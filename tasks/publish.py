@@ -10,8 +10,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import mlflow
-
 from grpo_pipeline.tasks.common import Checkpoint, atomic_dir, fingerprint_path, logger
 from grpo_pipeline.tasks.tracking import configure_mlflow, tracking_uri
 
@@ -20,6 +18,8 @@ ARTIFACT_PATH = "checkpoint"
 
 def publish(ckpt: Checkpoint, run_dir: str, experiment: str) -> Checkpoint:
     """Log the checkpoint's directory to its MLflow run; returns the checkpoint with `uri` set."""
+    import mlflow
+
     if ckpt.run_id is None:
         raise ValueError(f"{ckpt.path} has no MLflow run to publish it to")
     configure_mlflow(run_dir, experiment)
@@ -32,6 +32,8 @@ def publish(ckpt: Checkpoint, run_dir: str, experiment: str) -> Checkpoint:
 
 def materialize(ckpt: Checkpoint, run_dir: str) -> Checkpoint:
     """The checkpoint with a local path: itself when its directory is here, else a verified download of its `uri`."""
+    import mlflow
+
     if Path(ckpt.path).is_dir():
         return ckpt
     if ckpt.uri is None:

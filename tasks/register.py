@@ -9,10 +9,8 @@ leaves no partial version behind.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import mlflow
-from mlflow import MlflowClient
-from mlflow.exceptions import MlflowException
 from pydantic import BaseModel
 
 from grpo_pipeline.configs.schema import RegistryConfig
@@ -21,6 +19,9 @@ from grpo_pipeline.tasks.curves import CURVE_ARTIFACT, PROBE_METRIC, learning_cu
 from grpo_pipeline.tasks.evaluate import EvalResult
 from grpo_pipeline.tasks.stage import RunContext, stage
 from grpo_pipeline.tasks.tracking import configure_mlflow
+
+if TYPE_CHECKING:  # mlflow loads when a version is registered, not when the flow is imported
+    from mlflow import MlflowClient
 
 GATING_TAG = "gating_value"
 
@@ -44,6 +45,8 @@ def _metric(result: EvalResult, name: str) -> float:
 
 
 def _current_champion(client: MlflowClient, name: str) -> tuple[str | None, float | None]:
+    from mlflow.exceptions import MlflowException
+
     try:
         version = client.get_model_version_by_alias(name, "champion")
     except MlflowException:
@@ -56,6 +59,9 @@ def _log_learning_curve(
     client: MlflowClient, policy: Checkpoint, result: EvalResult, baseline: EvalResult | None
 ) -> None:
     """The reward curve (sampled reward, sampled accuracy, held-out probe per step) with the SFT baseline line."""
+    import matplotlib.pyplot as plt
+    import mlflow
+
     history = metric_history(client, policy.run_id, ["reward", "rewards/correctness/mean", PROBE_METRIC])
     fig = learning_curve_figure(
         history,
@@ -65,8 +71,6 @@ def _log_learning_curve(
         + (f" (SFT {baseline.accuracy:.3f})" if baseline is not None else ""),
     )
     mlflow.log_figure(fig, CURVE_ARTIFACT)
-    import matplotlib.pyplot as plt
-
     plt.close(fig)
 
 
@@ -83,6 +87,8 @@ def register_policy(
     tags: dict[str, str],
 ) -> Registration:
     """Log metrics, config and model files to the policy's MLflow run and register a new version."""
+    from mlflow import MlflowClient
+
     if policy.run_id is None:
         raise ValueError("only a trained policy (with an MLflow run) can be registered")
     value = _metric(result, cfg.gating_metric)
@@ -104,6 +110,8 @@ def _log_policy_run(
 ) -> str:
     """Scores, eval settings, config, eval details, learning curve and model files on the policy's run; returns
     the model's artifact URI."""
+    import mlflow
+
     with mlflow.start_run(run_id=policy.run_id):
         mlflow.log_metrics(result.metrics("eval/"))
         if baseline is not None:
@@ -129,6 +137,8 @@ def _create_gated_version(
     client: MlflowClient, cfg: RegistryConfig, run_id: str, source: str, value: float, tags: dict[str, str]
 ) -> Registration:
     """A new version of `cfg.model_name` that takes `champion` if it beats the current one, else `challenger`."""
+    from mlflow.exceptions import MlflowException
+
     try:
         client.create_registered_model(cfg.model_name)
     except MlflowException as e:

@@ -7,16 +7,16 @@ to each completion, so the model learns to stop.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
-from transformers import PreTrainedTokenizerBase
-from trl import SFTConfig as TRLSFTConfig
-from trl import SFTTrainer
+from typing import TYPE_CHECKING, Any
 
 from grpo_pipeline.configs.schema import ModelConfig, SFTConfig
 from grpo_pipeline.tasks.common import Checkpoint, Ref
 from grpo_pipeline.tasks.stage import RunContext, stage
 from grpo_pipeline.tasks.training import load_split, train_policy
+
+if TYPE_CHECKING:  # the training libraries load when SFT runs, not when a cached run imports the flow
+    from transformers import PreTrainedTokenizerBase
+    from trl import SFTTrainer
 
 
 @stage("sft")
@@ -24,6 +24,9 @@ def sft_warmup(
     base: Checkpoint, train: Ref, cfg: SFTConfig, model_cfg: ModelConfig, ctx: RunContext, out: Path
 ) -> Checkpoint:
     """Fine-tune `base` on the training split; returns the saved checkpoint (with its MLflow run id)."""
+    from trl import SFTConfig as TRLSFTConfig
+    from trl import SFTTrainer
+
     dataset = load_split(train.require(), ["prompt", "completion"])
 
     def build(common: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> SFTTrainer:

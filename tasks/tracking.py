@@ -6,8 +6,10 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import mlflow
+if TYPE_CHECKING:  # mlflow loads when a stage talks to it, not when the flow is imported
+    import mlflow
 
 
 def tracking_uri(run_dir: str | Path) -> str:
@@ -21,6 +23,8 @@ def configure_mlflow(run_dir: str | Path, experiment: str) -> str:
     The process's tracking URI is set, not the environment: TRL's MLflow callback keeps a URI that is already set,
     and two runs with different run directories in one process keep their own stores.
     """
+    import mlflow
+
     uri = tracking_uri(run_dir)
     mlflow.set_tracking_uri(uri)
     exp = mlflow.get_experiment_by_name(experiment)
@@ -37,6 +41,8 @@ def configure_mlflow(run_dir: str | Path, experiment: str) -> str:
 @contextlib.contextmanager
 def mlflow_run(run_dir: str | Path, experiment: str, run_name: str, tags: dict[str, str]) -> Iterator[mlflow.ActiveRun]:
     """Start a fresh MLflow run (ending any run left active in this thread) and end it on exit."""
+    import mlflow
+
     configure_mlflow(run_dir, experiment)
     while mlflow.active_run() is not None:
         mlflow.end_run()

@@ -12,23 +12,24 @@ import json
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import torch
-from datasets import Dataset
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, Trainer
+from typing import TYPE_CHECKING, Any
 
 from grpo_pipeline.configs.schema import ModelConfig
 from grpo_pipeline.tasks.common import Checkpoint, atomic_dir, fingerprint_path, logger
-from grpo_pipeline.tasks.progress import PrefectProgress
 from grpo_pipeline.tasks.stage import RunContext
 from grpo_pipeline.tasks.tracking import mlflow_run
 
+if TYPE_CHECKING:  # torch, datasets and transformers load when a stage trains, not when the flow is imported
+    from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase, Trainer
+
 # build(common TRL arguments, tokenizer) -> a ready trainer
-TrainerFactory = Callable[[dict[str, Any], PreTrainedTokenizerBase], Trainer]
+TrainerFactory = Callable[[dict[str, Any], "PreTrainedTokenizerBase"], "Trainer"]
 
 
 def has_cuda() -> bool:
+    import torch
+
     return torch.cuda.is_available()
 
 
@@ -38,6 +39,8 @@ def vllm_available() -> bool:
 
 def precision_args(model_cfg: ModelConfig) -> dict[str, Any]:
     """TrainingArguments for the configured dtype; bf16/fp16 only where CUDA is present."""
+    import torch
+
     return {
         "bf16": model_cfg.dtype == "bfloat16" and has_cuda(),
         "fp16": model_cfg.dtype == "float16" and has_cuda(),
@@ -46,6 +49,8 @@ def precision_args(model_cfg: ModelConfig) -> dict[str, Any]:
 
 
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -53,6 +58,8 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
 
 
 def load_split(path: Path, columns: list[str] | None = None) -> Dataset:
+    from datasets import Dataset
+
     ds = Dataset.from_parquet(str(path))
     if columns is not None:
         ds = ds.select_columns(columns)
@@ -79,6 +86,8 @@ def train_policy(
     start checkpoint's tokenizer, and returns the trainer. TRL writes only to a scratch directory
     (`save_strategy="no"`); the checkpoint appears in `out` complete or not at all.
     """
+    from grpo_pipeline.tasks.progress import PrefectProgress
+
     tokenizer = load_tokenizer(start.path)
     tags = {"stage": stage, "parent_model": start.lineage, **tags}
     with (

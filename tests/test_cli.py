@@ -1,3 +1,5 @@
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -29,3 +31,14 @@ def test_bad_config_exits_2_with_field_names():
     assert result.exit_code == 2
     assert "grpo.lr" in result.output and "unknown field" in result.output
     assert "sft.epochs" in result.output
+
+
+def test_importing_the_flow_loads_no_training_library():
+    """A fully cached run never trains, so it must not pay for importing torch, transformers, TRL or MLflow."""
+    code = (
+        "import sys, grpo_pipeline.cli, grpo_pipeline.flows.grpo_pipeline; "
+        "print(sorted(m for m in ('torch', 'transformers', 'trl', 'mlflow', 'datasets', 'matplotlib') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
