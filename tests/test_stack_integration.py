@@ -133,6 +133,13 @@ def test_a_second_serve_says_the_stack_is_up(stack: Stack) -> None:
     assert all(json.loads(status.stdout)["alive"].values())
 
 
+def test_deployment_parameters_are_a_typed_form_with_help(stack: Stack) -> None:
+    schema = api(stack, "GET", "/deployments/name/grpo-pipeline/local")["parameter_openapi_schema"]
+    assert set(schema["properties"]) == {"config", "recipe", "overrides"}
+    grpo = schema["definitions"]["GRPOConfig"]["properties"]
+    assert "prompts_per_step" in grpo and "Distinct prompts" in grpo["prompts_per_step"]["description"]
+
+
 def champion_version(stack: Stack) -> str | None:
     r = httpx.get(
         f"{stack.mlflow_url}/api/2.0/mlflow/registered-models/alias", params={"name": MODEL, "alias": "champion"}
