@@ -69,7 +69,8 @@ validate_data = stage_task(_validate_data, "validate_data")
 base_model = stage_task(prepare_base_model, "base_model")
 sft_warmup = stage_task(_sft_warmup, "sft_warmup")
 grpo_train = stage_task(_grpo_train, "grpo_train", task_run_name="grpo_train-r{round_index}")
-# The same stage on another work pool (grpo.work_pool), keyed like the local one.
+# The same stage on another work pool (grpo.work_pool), keyed like the local one. Not retried here: a failed round
+# fails the pipeline with the round's own error (the child flow run keeps its logs).
 grpo_train_remote = task(
     remote_grpo_train,
     name="grpo_train",

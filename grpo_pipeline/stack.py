@@ -115,7 +115,7 @@ def serve(
     """Start the whole stack and return once it is healthy; on any failure, stop what was started and raise."""
     state_dir = (state_dir or default_state_dir()).resolve()
     project_dir = (project_dir or Path.cwd()).resolve()
-    if (project_dir / PREFECT_FILE).is_file() is False:
+    if not (project_dir / PREFECT_FILE).is_file():
         raise StackError(f"{project_dir / PREFECT_FILE} not found; run serve from the project's directory")
     existing = load(state_dir)
     if existing is not None and any(existing.alive().values()):
