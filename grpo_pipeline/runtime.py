@@ -1,9 +1,10 @@
 """One way in: the process defaults that the CLI, the flow (so a Prefect worker gets them), tests and plain Python
 all apply through `setup`.
 
-Settings that Prefect reads at import time (PREFECT_HOME, analytics, extra loggers) only take effect when `setup`
-runs before Prefect is imported, as the CLI does; the flow calls it again on entry, where it still sets logging and
-the import paths of the user's own modules.
+Settings that Prefect reads at import time (PREFECT_HOME, analytics, the ephemeral server's start-up timeout, extra
+loggers) only take effect before Prefect is imported: the CLI calls `setup` first thing, and importing
+`grpo_pipeline.flows` applies the environment defaults before it imports Prefect. The flow calls `setup` again on
+entry, which sets logging and the import paths of the user's own modules.
 """
 
 from __future__ import annotations
@@ -44,13 +45,19 @@ def setup(config: PipelineConfig | None = None, *, verbose: bool = False, refres
     - Import paths: the working directory and the recipe's directory (`config.code_dir`), so a user's reward
       module beside the recipe imports by its dotted path without PYTHONPATH.
     """
-    os.environ.setdefault("PREFECT_HOME", str(Path.cwd() / ".prefect"))
-    for key, value in DEFAULTS.items():
-        os.environ.setdefault(key, value)
+    apply_env_defaults()
     if refresh:
         os.environ["PREFECT_TASKS_REFRESH_CACHE"] = "true"
     configure_logging(verbose)
     add_import_paths(Path.cwd(), config.code_dir if config is not None else None)
+
+
+def apply_env_defaults() -> None:
+    """The environment part of `setup` (values already set win). `grpo_pipeline.flows` applies it on import,
+    before Prefect is imported, so that a flow called from plain Python gets Prefect's import-time settings too."""
+    os.environ.setdefault("PREFECT_HOME", str(Path.cwd() / ".prefect"))
+    for key, value in DEFAULTS.items():
+        os.environ.setdefault(key, value)
 
 
 def configure_logging(verbose: bool = False) -> None:
