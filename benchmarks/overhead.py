@@ -58,7 +58,9 @@ PLAIN_LOOP = textwrap.dedent("""
 
 
 def timed(cmd: list[str], env: dict[str, str], label: str) -> float:
-    print(f"[{label}] $ {' '.join(cmd[:4])} ...", flush=True)
+    words = [Path(c).name if c.startswith("/") else c for c in cmd[:4]]
+    shown = "python -c <stage loop>" if "-c" in cmd else " ".join(words)
+    print(f"[{label}] $ {shown} ...", flush=True)
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
