@@ -133,7 +133,8 @@ def status(
     """Say what of the stack is running, with the UI addresses."""
     recorded = stack.load(state_dir)
     if as_json:
-        print(stack.summary_json(recorded) if recorded else "{}")
+        # plain JSON on stdout: no markup, highlighting or wrapping, so it parses as it is
+        console.print(stack.summary_json(recorded) if recorded else "{}", markup=False, highlight=False, soft_wrap=True)
         return
     for line in stack.status_lines(recorded):
         console.print(line)

@@ -168,21 +168,8 @@ def test_invalid_data_stops_before_training(tmp_path):
 
 def test_iterative_rounds_start_from_the_last_policy(tmp_path):
     """`grpo.rounds=2` with a KL term: round 2 starts from round 1's policy, which is also its reference model."""
-    summary = tmp_path / "rounds.json"
-    args = [
-        "run",
-        "--config",
-        "configs/tiny-arith.yaml",
-        "--summary-json",
-        str(summary),
-        *micro_overrides(tmp_path / "runs"),
-        "registry.model_name=micro-rounds",
-        "grpo.rounds=2",
-        "grpo.beta=0.04",
-    ]
-    proc = run_cli(args, cli_env(tmp_path))
-    assert proc.returncode == 0, f"pipeline failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    result = json.loads(summary.read_text())
+    # a store of its own; the later registry.model_name wins over run_pipeline's
+    result = run_pipeline(tmp_path, "rounds", "registry.model_name=micro-rounds", "grpo.rounds=2", "grpo.beta=0.04")
     assert [s["stage"] for s in result["stages"]][-6:] == [
         "grpo_train-r1",
         "evaluate-r1",
