@@ -46,7 +46,7 @@ PLAIN_LOOP = textwrap.dedent("""
 
     cfg = load_config(sys.argv[1], sys.argv[2:])
     setup(cfg)
-    ctx = RunContext(run_dir=cfg.run_dir, experiment=cfg.registry.experiment, recipe=cfg.name, seed=cfg.seed)
+    ctx = RunContext.of(cfg)
     data = validate_data(prepare_data(cfg.data, cfg.run_dir), cfg.data)
     policy = sft_warmup(prepare_base_model(cfg.model, cfg.run_dir, cfg.seed), data.train, cfg.sft, cfg.model, ctx)
     baseline = evaluate(policy, data.eval, cfg.eval, ctx, label="sft")

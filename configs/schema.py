@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import to_jsonable_python
 
 
 class ConfigError(ValueError):
@@ -259,10 +260,10 @@ class PipelineConfig(_Section):
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-def section_hash(section: BaseModel | dict | list | str) -> str:
-    """A stable sha256 of a config section (or any JSON-able value)."""
-    value = section.model_dump(mode="json") if isinstance(section, BaseModel) else section
-    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+def section_hash(section: Any) -> str:
+    """A stable sha256 of the canonical JSON of a config section, or of any value made of pydantic models, paths
+    and JSON-able containers (the config hash, and every stage key in tasks/stage.py)."""
+    return hashlib.sha256(json.dumps(to_jsonable_python(section), sort_keys=True).encode()).hexdigest()
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:

@@ -108,7 +108,7 @@ def grpo_pipeline(
         raise ConfigError("give the flow either `config` or `recipe`/`overrides`, not both")
     setup(cfg)
     logger = get_run_logger()
-    ctx = RunContext(run_dir=cfg.run_dir, experiment=cfg.registry.experiment, recipe=cfg.name, seed=cfg.seed)
+    ctx = RunContext.of(cfg)
     records: list[StageRecord] = []
 
     data = _run(records, "prepare_data", prepare_data, cfg.data, cfg.run_dir)

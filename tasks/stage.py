@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
-from pydantic_core import to_jsonable_python
+
+from grpo_pipeline.configs.schema import PipelineConfig, section_hash
 
 PACKAGE = "grpo_pipeline"
 SUBPACKAGES = ("configs", "flows", "tasks", "rewards")
@@ -48,10 +49,10 @@ class RunContext(BaseModel):
     recipe: str
     seed: int
 
-
-def digest(value: Any) -> str:
-    """sha256 of the canonical JSON of `value` (pydantic models and paths included)."""
-    return hashlib.sha256(json.dumps(to_jsonable_python(value), sort_keys=True).encode()).hexdigest()
+    @classmethod
+    def of(cls, cfg: PipelineConfig) -> RunContext:
+        """The run context of a whole pipeline config."""
+        return cls(run_dir=cfg.run_dir, experiment=cfg.registry.experiment, recipe=cfg.name, seed=cfg.seed)
 
 
 # ----------------------------------------------------------------------------- the project's code
@@ -174,7 +175,7 @@ class StageSpec:
 
     def key(self, params: Mapping[str, Any]) -> str:
         keyed = {k: v for k, v in params.items() if k not in self.unkeyed}
-        return digest(
+        return section_hash(
             {"stage": self.name, "inputs": keyed, "code": code_version(self.module), "external": self.external(params)}
         )
 

@@ -33,7 +33,7 @@ NOT_BASE = [s for s in ALL if s != "base"]  # the base model does not depend on 
 def stage_keys(overrides: list[str], run_dir: str = "/tmp/runs") -> dict[str, str]:
     """Every stage's key for a config, with each output's fingerprint derived from its stage's key."""
     cfg = load_config(ROOT / "configs/tiny-arith.yaml", [f"run_dir={run_dir}", "grpo.rounds=1", *overrides])
-    ctx = RunContext(run_dir=cfg.run_dir, experiment=cfg.registry.experiment, recipe=cfg.name, seed=cfg.seed)
+    ctx = RunContext.of(cfg)
     keys: dict[str, str] = {}
 
     def key(name: str, fn, /, *args, **kwargs) -> str:
