@@ -25,6 +25,8 @@ from pathlib import Path
 import httpx
 from pydantic import BaseModel
 
+from grpo_pipeline.runtime import DEFAULTS
+
 STATE_FILE = "stack.json"
 DEFAULT_STATE_DIR = ".grpo-stack"
 POOLS = ("cpu", "gpu")
@@ -135,7 +137,7 @@ def serve(
     )
     env = stack_env(stack)
     try:
-        _start_servers(stack, env, timeout_s)
+        _start_servers(stack, env, prefect_port, mlflow_port, timeout_s)
         for pool in POOLS:
             _cli(["prefect", "work-pool", "create", pool, "--type", "process", "--overwrite"], env, project_dir)
         _cli(["prefect", "--no-prompt", "deploy", "--prefect-file", PREFECT_FILE, "--all"], env, project_dir)
@@ -159,23 +161,19 @@ def stack_env(stack: Stack) -> dict[str, str]:
         PREFECT_HOME=str(state / "prefect"),
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
         PREFECT_SERVER_API_HOST=HOST,
-        PREFECT_LOGGING_EXTRA_LOGGERS="grpo_pipeline",
-        # the deployments' pull step changes into the project directory (deployments/prefect.yaml)
-        GRPO_PIPELINE_PROJECT_DIR=stack.project_dir,
         PYTHONUNBUFFERED="1",
     )
-    env.setdefault("PREFECT_WORKER_QUERY_SECONDS", "5")
+    for key, value in {**DEFAULTS, "PREFECT_WORKER_QUERY_SECONDS": "5"}.items():
+        env.setdefault(key, value)
     return env
 
 
-def _start_servers(stack: Stack, env: Mapping[str, str], timeout_s: float) -> None:
+def _start_servers(stack: Stack, env: Mapping[str, str], prefect_port: int, mlflow_port: int, timeout_s: float) -> None:
     state = Path(stack.state_dir)
-    prefect_port = stack.prefect_api_url.rsplit(":", 1)[1].split("/")[0]
-    mlflow_port = stack.mlflow_url.rsplit(":", 1)[1]
-    prefect = ["prefect", "server", "start", "--host", HOST, "--port", prefect_port]
+    prefect = ["prefect", "server", "start", "--host", HOST, "--port", str(prefect_port)]
     stack.services.append(_spawn("prefect-server", prefect, env, stack))
     mlflow = [
-        "mlflow", "server", "--host", HOST, "--port", mlflow_port, "--workers", "1",
+        "mlflow", "server", "--host", HOST, "--port", str(mlflow_port), "--workers", "1",
         "--backend-store-uri", f"sqlite:///{state / 'mlflow.db'}",
         "--artifacts-destination", str(state / "mlartifacts"), "--serve-artifacts",
     ]  # fmt: skip
