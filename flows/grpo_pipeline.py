@@ -103,9 +103,9 @@ def grpo_pipeline(
     Give either the whole `config`, or a `recipe` (a YAML path, relative to the working directory) with
     `overrides` (`key.sub=value` strings, as on the command line); neither means the defaults.
     """
-    cfg = config if config is not None else load_config(recipe, overrides or [])
     if config is not None and (recipe or overrides):
         raise ConfigError("give the flow either `config` or `recipe`/`overrides`, not both")
+    cfg = config if config is not None else load_config(recipe, overrides or [])
     setup(cfg)
     logger = get_run_logger()
     ctx = RunContext.of(cfg)

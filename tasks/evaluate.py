@@ -100,15 +100,15 @@ def score_completions(reward, rows: pd.DataFrame, completions: list[list[str]]) 
 @stage("eval-{label}", external=lambda params: user_code([params["cfg"].correctness_reward]))
 def evaluate(policy: Checkpoint, held_out: Ref, cfg: EvalConfig, ctx: RunContext, label: str, out: Path) -> EvalResult:
     """Greedy accuracy and pass@k of `policy` on the held-out split; per-problem details go to `out`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     rows = pd.read_parquet(held_out.require())
     if cfg.max_problems:
         rows = rows.head(cfg.max_problems)
     reward = build_reward(cfg.correctness_reward)
     tokenizer = load_tokenizer(policy.path)
     tokenizer.padding_side = "left"
-    import torch
-    from transformers import AutoModelForCausalLM
-
     model = AutoModelForCausalLM.from_pretrained(policy.path)
     model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
     prompts = rows["prompt"].tolist()
