@@ -16,6 +16,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -32,7 +33,7 @@ CONFIG = "configs/tiny-arith.yaml"
 SHORT = ["sft.max_steps=1500", "grpo.rounds=1", "grpo.steps_per_round=150", "data.num_eval=300"]
 
 PLAIN_LOOP = textwrap.dedent("""
-    import sys
+    import json, sys, time
     from grpo_pipeline.configs.schema import load_config
     from grpo_pipeline.runtime import setup
     from grpo_pipeline.tasks.data import prepare_data
@@ -44,16 +45,29 @@ PLAIN_LOOP = textwrap.dedent("""
     from grpo_pipeline.tasks.stage import RunContext
     from grpo_pipeline.tasks.validate import validate_data
 
-    cfg = load_config(sys.argv[1], sys.argv[2:])
+    stages = []
+    def timed(name, fn, *args, **kwargs):
+        start = time.perf_counter()
+        out = fn(*args, **kwargs)
+        stages.append({"stage": name, "seconds": time.perf_counter() - start})
+        return out
+
+    cfg = load_config(sys.argv[2], sys.argv[3:])
     setup(cfg)
     ctx = RunContext.of(cfg)
-    data = validate_data(prepare_data(cfg.data, cfg.run_dir), cfg.data)
-    policy = sft_warmup(prepare_base_model(cfg.model, cfg.run_dir, cfg.seed), data.train, cfg.sft, cfg.model, ctx)
-    baseline = evaluate(policy, data.eval, cfg.eval, ctx, label="sft")
+    data = timed("prepare_data", prepare_data, cfg.data, cfg.run_dir)
+    data = timed("validate_data", validate_data, data, cfg.data)
+    policy = timed("base_model", prepare_base_model, cfg.model, cfg.run_dir, cfg.seed)
+    policy = timed("sft_warmup", sft_warmup, policy, data.train, cfg.sft, cfg.model, ctx)
+    baseline = timed("evaluate-sft", evaluate, policy, data.eval, cfg.eval, ctx, label="sft")
     for r in range(1, cfg.grpo.rounds + 1):
-        policy = grpo_train(policy, data.train, cfg.grpo, cfg.model, r, ctx, data.eval, cfg.eval.correctness_reward)
-        result = evaluate(policy, data.eval, cfg.eval, ctx, label=f"r{r}")
-        register_policy(policy, result, baseline, cfg.registry, ctx, cfg.to_yaml(), {"round": str(r)})
+        policy = timed(f"grpo_train-r{r}", grpo_train, policy, data.train, cfg.grpo, cfg.model, r, ctx, data.eval,
+                       cfg.eval.correctness_reward)
+        result = timed(f"evaluate-r{r}", evaluate, policy, data.eval, cfg.eval, ctx, label=f"r{r}")
+        timed(f"register-r{r}", register_policy, policy, result, baseline, cfg.registry, ctx, cfg.to_yaml(),
+              {"round": str(r)})
+    with open(sys.argv[1], "w") as f:
+        json.dump({"stages": stages}, f)
 """)
 
 
@@ -70,6 +84,16 @@ def timed(cmd: list[str], env: dict[str, str], label: str) -> float:
     return seconds
 
 
+def print_stage_table(files: dict[str, Path]) -> None:
+    """Where the difference goes: each stage's wall time in the three cold runs; the rest of a run's time is start-up
+    (imports, the temporary server) and the flow's own bookkeeping."""
+    seconds = {way: {s["stage"]: s["seconds"] for s in json.loads(f.read_text())["stages"]} for way, f in files.items()}
+    print(f"\n{'stage (cold runs)':40} {'(a)':>8} {'(b)':>8} {'(c)':>8}")
+    for name in seconds["a"]:
+        print(f"{name:40} " + " ".join(f"{seconds[way].get(name, float('nan')):8.1f}" for way in "abc"))
+    print(f"{'sum of stages':40} " + " ".join(f"{sum(seconds[way].values()):8.1f}" for way in "abc"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides for the recipe")
@@ -82,15 +106,18 @@ def main() -> None:
     cli = [str(BIN / "grpo-pipeline"), "run", "--config", CONFIG]
 
     times: dict[str, float] = {}
-    times["a"] = timed([sys.executable, "-c", PLAIN_LOOP, CONFIG, f"run_dir={work / 'a'}", *overrides], alone, "a")
-    times["b"] = timed([*cli, f"run_dir={work / 'b'}", *overrides], alone, "b cold")
+    stages = {way: work / f"stages-{way}.json" for way in "abc"}
+    plain = [sys.executable, "-c", PLAIN_LOOP, str(stages["a"]), CONFIG]
+    times["a"] = timed([*plain, f"run_dir={work / 'a'}", *overrides], alone, "a")
+    times["b"] = timed([*cli, f"--summary-json={stages['b']}", f"run_dir={work / 'b'}", *overrides], alone, "b cold")
     times["b_warm"] = timed([*cli, f"run_dir={work / 'b'}", *overrides], alone, "b cached")
 
     stack_env = {**base, "GRPO_PIPELINE_STACK_DIR": str(work / "stack"), "PREFECT_HOME": str(work / "prefect-c")}
     serve = [str(BIN / "grpo-pipeline"), "serve", "--prefect-port", "0", "--mlflow-port", "0"]
     subprocess.run(serve, cwd=REPO, env=stack_env, check=True, capture_output=True)
     try:
-        times["c"] = timed([*cli, f"run_dir={work / 'c'}", *overrides], stack_env, "c cold")
+        cold_c = [*cli, f"--summary-json={stages['c']}", f"run_dir={work / 'c'}", *overrides]
+        times["c"] = timed(cold_c, stack_env, "c cold")
         times["c_warm"] = timed([*cli, f"run_dir={work / 'c'}", *overrides], stack_env, "c cached")
     finally:
         subprocess.run([str(BIN / "grpo-pipeline"), "stop"], cwd=REPO, env=stack_env, check=False)
@@ -100,6 +127,7 @@ def main() -> None:
                        ("c", "(c) CLI, running stack"), ("b_warm", "(b) cached rerun"),
                        ("c_warm", "(c) cached rerun")]:  # fmt: skip
         print(f"{label:40} {times[key]:8.1f} {times[key] / times['a']:7.2f}x")
+    print_stage_table(stages)
     print(f"run directories under {work}")
     print(
         f"overhead_pct={100 * (times['c'] / times['a'] - 1):.1f} "
