@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from grpo_pipeline.configs.schema import load_config  # noqa: E402
 from grpo_pipeline.tasks.data import needs_carry  # noqa: E402
+from grpo_pipeline.tasks.evaluate import ITEMS_FILE  # noqa: E402
 from grpo_pipeline.tasks.metrics import paired_bootstrap_ci  # noqa: E402
 
 RECORD = "benchmark-record.json"
@@ -70,11 +71,12 @@ def run_pipeline(config: Path, run_dir: Path, overrides: list[str]) -> dict:
 
 
 def details(run_dir: Path, label: str) -> dict:
-    """The per-problem details of the one evaluation called `label` in a run directory."""
-    found = sorted((run_dir / f"eval-{label}").glob("*/details.json"), key=lambda p: p.stat().st_mtime)
+    """The per-problem scores of the one evaluation called `label` in a run directory, as columns."""
+    found = sorted((run_dir / f"eval-{label}").glob(f"*/{ITEMS_FILE}"), key=lambda p: p.stat().st_mtime)
     if not found:
         raise SystemExit(f"no evaluation '{label}' under {run_dir}; run the benchmark without --reuse")
-    return json.loads(found[-1].read_text())
+    items = [json.loads(line) for line in found[-1].read_text().splitlines()]
+    return {"prompts": [it["prompt"] for it in items], "greedy_correct": [it["greedy_correct"] for it in items]}
 
 
 def curves(run_dir: Path, run_id: str) -> dict[str, list[tuple[int, float]]]:

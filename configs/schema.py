@@ -220,10 +220,14 @@ class RegistryConfig(_Section):
     experiment: str = Field(default="grpo-pipeline", description="MLflow experiment name.")
     model_name: str = Field(default="tiny-arith-grpo", description="Registered model name in MLflow.")
     gating_metric: str = Field(
-        default="accuracy", description="Eval metric that decides champion vs challenger (higher is better)."
+        default="accuracy",
+        description="Eval metric that decides champion vs challenger (higher is better): accuracy, pass_at_<k>, "
+        "maj_at_<k> or reward/<name>.",
     )
-    min_improvement: float = Field(
-        default=0.0, ge=0, description="The new version must beat the champion by more than this to take the alias."
+    min_delta: float = Field(
+        default=0.0,
+        description="Promotion margin: the new version takes `champion` only when the lower bound of the paired "
+        "bootstrap 95% CI of its gating-metric difference to the champion (same eval items) is above this.",
     )
     register_each_round: bool = Field(default=True, description="Register every round, not only the last.")
 

@@ -113,20 +113,24 @@ def grpo_pipeline(
 
     data = _run(records, "prepare_data", prepare_data, cfg.data, cfg.run_dir)
     data = _run(records, "validate_data", validate_data, data, cfg.data)
-    policy = _run(records, "base_model", base_model, cfg.model, cfg.run_dir, cfg.seed)
+    base = policy = _run(records, "base_model", base_model, cfg.model, cfg.run_dir, cfg.seed)
     if cfg.sft.enabled:
         policy = _run(records, "sft_warmup", sft_warmup, policy, data.train, cfg.sft, cfg.model, ctx)
-    baseline = _run(records, "evaluate-sft", evaluate, policy, data.eval, cfg.eval, ctx, label="sft")
+    rewards = cfg.grpo.rewards
+    baseline = _run(records, "evaluate-sft", evaluate, policy, data.eval, cfg.eval, ctx, label="sft", rewards=rewards)
 
     rounds: list[tuple[EvalResult, Registration | None]] = []
     grpo = grpo_train if cfg.grpo.work_pool is None else grpo_train_remote
+    # Lineage: a round's parent is the version registered for the round before it, else the base model by name.
+    parent_model = base.lineage
     for r in range(1, cfg.grpo.rounds + 1):
+        start = policy
         # Each round starts from the previous policy; TRL builds the reference model from it (reset per round).
         policy = _run(
             records,
             f"grpo_train-r{r}",
             grpo,
-            policy,
+            start,
             data.train,
             cfg.grpo,
             cfg.model,
@@ -134,20 +138,25 @@ def grpo_pipeline(
             ctx,
             held_out=data.eval,
             correctness_reward=cfg.eval.correctness_reward,
+            code_dir=cfg.code_dir,
         )
-        result = _run(records, f"evaluate-r{r}", evaluate, policy, data.eval, cfg.eval, ctx, label=f"r{r}")
+        result = _run(
+            records, f"evaluate-r{r}", evaluate, policy, data.eval, cfg.eval, ctx, label=f"r{r}", rewards=rewards
+        )
         registration = None
         if cfg.registry.register_each_round or r == cfg.grpo.rounds:
             tags = {
                 "config_hash": cfg.fingerprint(),
                 "recipe": cfg.name,
                 "data_fingerprint": data.train.fingerprint,
-                "parent_model": policy.parent,
+                "parent_model": parent_model,
+                "parent_run_id": start.run_id or "",
                 "round": str(r),
             }
             registration = _run(
                 records, f"register-r{r}", register, policy, result, baseline, cfg.registry, ctx, cfg.to_yaml(), tags
             )
+            parent_model = registration.model_uri
         rounds.append((result, registration))
 
     summary = Summary.build(cfg, records, baseline, rounds)

@@ -15,7 +15,7 @@ from prefect import flow
 from prefect.deployments import run_deployment
 
 from grpo_pipeline.configs.schema import GRPOConfig, ModelConfig
-from grpo_pipeline.runtime import setup
+from grpo_pipeline.runtime import add_import_paths, setup
 from grpo_pipeline.tasks.common import Checkpoint, Ref
 from grpo_pipeline.tasks.grpo import grpo_train
 from grpo_pipeline.tasks.publish import materialize, publish
@@ -32,10 +32,12 @@ def grpo_train_flow(
     ctx: RunContext,
     held_out: Ref | None = None,
     correctness_reward: str = "correctness",
+    code_dir: str | None = None,
 ) -> Checkpoint:
     """Train one GRPO round from `start` and publish the checkpoint to MLflow (its `uri`)."""
     setup()
-    policy = grpo_train(start, train, cfg, model_cfg, round_index, ctx, held_out, correctness_reward)
+    add_import_paths(code_dir)  # the user's reward modules, beside the recipe
+    policy = grpo_train(start, train, cfg, model_cfg, round_index, ctx, held_out, correctness_reward, code_dir)
     return publish(policy, ctx.run_dir, ctx.experiment)
 
 
@@ -48,12 +50,13 @@ def remote_grpo_train(
     ctx: RunContext,
     held_out: Ref | None = None,
     correctness_reward: str = "correctness",
+    code_dir: str | None = None,
 ) -> Checkpoint:
     """`grpo_train` through the deployment `grpo-train/<cfg.work_pool>`; waits for it and returns its checkpoint,
     fetched here when its path is not. A failed child fails this call with the child's error."""
     params: dict[str, Any] = {
         "start": start, "train": train, "cfg": cfg, "model_cfg": model_cfg, "round_index": round_index, "ctx": ctx,
-        "held_out": held_out, "correctness_reward": correctness_reward,
+        "held_out": held_out, "correctness_reward": correctness_reward, "code_dir": code_dir,
     }  # fmt: skip
     child = run_deployment(
         f"grpo-train/{cfg.work_pool}",

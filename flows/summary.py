@@ -19,6 +19,17 @@ class StageRecord(BaseModel):
 class ScoreRow(BaseModel):
     model: str
     metrics: dict[str, float]
+    accuracy_ci: tuple[float, float] | None = None
+
+    @classmethod
+    def of(cls, model: str, result: EvalResult) -> ScoreRow:
+        return cls(model=model, metrics=result.metrics(), accuracy_ci=result.accuracy_ci)
+
+    def shown(self, column: str) -> str:
+        text = f"{self.metrics[column]:.3f}" if column in self.metrics else "-"
+        if column == "accuracy" and self.accuracy_ci is not None:
+            text += f" [{self.accuracy_ci[0]:.3f}, {self.accuracy_ci[1]:.3f}]"
+        return text
 
 
 class Summary(BaseModel):
@@ -37,8 +48,8 @@ class Summary(BaseModel):
         baseline: EvalResult,
         rounds: list[tuple[EvalResult, Registration | None]],
     ) -> Summary:
-        scores = [ScoreRow(model="sft" if cfg.sft.enabled else "base", metrics=baseline.metrics())]
-        scores += [ScoreRow(model=f"grpo round {i}", metrics=r.metrics()) for i, (r, _) in enumerate(rounds, 1)]
+        scores = [ScoreRow.of("sft" if cfg.sft.enabled else "base", baseline)]
+        scores += [ScoreRow.of(f"grpo round {i}", r) for i, (r, _) in enumerate(rounds, 1)]
         return cls(
             recipe=cfg.name,
             config_hash=cfg.fingerprint()[:12],
@@ -51,6 +62,7 @@ class Summary(BaseModel):
                 "temperature": baseline.temperature,
                 "top_p": baseline.top_p,
                 "max_new_tokens": baseline.max_new_tokens,
+                "seed": baseline.seed,
             },
         )
 
@@ -83,20 +95,22 @@ class Summary(BaseModel):
             "| model | " + " | ".join(cols) + " |",
             "|---|" + "---:|" * len(cols),
         ]
-        lines += [f"| {row.model} | " + " | ".join(f"{row.metrics[c]:.3f}" for c in cols) + " |" for row in self.scores]
+        lines += [f"| {row.model} | " + " | ".join(row.shown(c) for c in cols) + " |" for row in self.scores]
         if self.registrations:
             lines += [
                 "",
-                "| registered model | version | alias | gating metric | value | previous champion |",
-                "|---|---|---|---|---:|---|",
+                "| model | version | alias | gate | gating metric | value | champion | difference [95% CI] |",
+                "|---|---|---|---|---|---:|---|---|",
             ]
-            lines += [
-                f"| {r.model_name} | {r.version} | {r.alias} | {r.gating_metric} | {r.gating_value:.3f} | "
-                f"{_previous_champion(r)} |"
-                for r in self.registrations
-            ]
+            lines += [_registration_row(r) for r in self.registrations]
         return "\n".join(lines)
 
 
-def _previous_champion(r: Registration) -> str:
-    return "-" if r.previous_champion is None else f"v{r.previous_champion} ({r.previous_champion_value:.3f})"
+def _registration_row(r: Registration) -> str:
+    g = r.gate
+    champion = "-" if g.champion_version is None else f"v{g.champion_version} ({g.champion:.3f})"
+    diff = "-" if g.delta is None else f"{g.delta:+.3f} [{g.ci_low:+.3f}, {g.ci_high:+.3f}], n={g.n}"
+    return (
+        f"| {r.model_name} | {r.version} | {r.alias} | {g.decision} | {g.metric} | {g.challenger:.3f} | {champion} | "
+        f"{diff} |"
+    )

@@ -14,6 +14,7 @@ GSM8K completions) are compared exactly without math-verify, which keeps thousan
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import multiprocessing
 import re
@@ -184,3 +185,22 @@ def correctness_reward(timeout_s: int = 5) -> RewardFn:
         return math_scores([completion_text(c) for c in completions], list(answer), timeout_s)
 
     return correctness
+
+
+_LAST_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def answer_key(completion: str) -> str | None:
+    """A canonical form of a completion's final answer, for majority voting (maj@k): the last `\\boxed{}` (its
+    text without spaces, or its number), else the last number (as an exact fraction, so `18`, `18.0` and `18.00`
+    vote together), else the text with runs of spaces collapsed; None when the completion is empty."""
+    pred = prediction_text(completion)
+    boxed = last_boxed(pred)
+    if boxed is not None:
+        number = _plain_number(boxed)
+        return str(number) if number is not None else "".join(boxed.split()) or None
+    numbers = _LAST_NUMBER.findall(pred)
+    if numbers:
+        with contextlib.suppress(ValueError, ZeroDivisionError):
+            return str(Fraction(numbers[-1].replace(",", "")))
+    return " ".join(pred.split()) or None

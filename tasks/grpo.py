@@ -60,7 +60,8 @@ def _rewards_code(params: Mapping[str, Any]) -> dict[str, str]:
     return user_code([*(r.name for r in params["cfg"].rewards), params["correctness_reward"]])
 
 
-@stage("grpo-round{round_index}", external=_rewards_code)
+# `code_dir` (where the user's modules live) only tells a worker elsewhere where to import them from.
+@stage("grpo-round{round_index}", unkeyed=("code_dir",), external=_rewards_code)
 def grpo_train(
     start: Checkpoint,
     train: Ref,
@@ -70,6 +71,7 @@ def grpo_train(
     ctx: RunContext,
     held_out: Ref | None = None,
     correctness_reward: str = "correctness",
+    code_dir: str | None = None,
     *,
     out: Path,
 ) -> Checkpoint:

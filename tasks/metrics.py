@@ -43,3 +43,34 @@ def paired_bootstrap_ci(
     boots = diff[idx].mean(axis=1)
     low, high = np.quantile(boots, [alpha / 2, 1 - alpha / 2])
     return float(diff.mean()), float(low), float(high)
+
+
+def bootstrap_ci(values: list[float], n_boot: int = 10_000, alpha: float = 0.05, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap (1-alpha) interval of the mean of `values` (one score per problem)."""
+    x = np.asarray(values, dtype=float)
+    if x.size == 0:
+        raise ValueError("no values to bootstrap")
+    idx = np.random.default_rng(seed).integers(0, x.size, size=(n_boot, x.size))
+    low, high = np.quantile(x[idx].mean(axis=1), [alpha / 2, 1 - alpha / 2])
+    return float(low), float(high)
+
+
+def majority_correct(keys: list[str | None], correct: list[bool], k: int) -> bool:
+    """maj@k for one problem: the majority answer among the first `k` samples, and whether it is right.
+
+    `keys[i]` is sample i's extracted final answer in a canonical form (None: no answer, no vote); ties go to the
+    answer seen first. The majority is right when its first sample was judged correct. Self-consistency voting,
+    Wang et al. 2023 ("Self-Consistency Improves Chain of Thought Reasoning"); maj@k as in Lewkowycz et al. 2022.
+    """
+    if not 1 <= k <= len(keys):
+        raise ValueError(f"need 1 <= k <= {len(keys)} samples, got k={k}")
+    votes: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for i, key in enumerate(keys[:k]):
+        if key is not None:
+            votes[key] = votes.get(key, 0) + 1
+            first.setdefault(key, i)
+    if not votes:
+        return False
+    winner = max(votes, key=lambda key: (votes[key], -first[key]))
+    return bool(correct[first[winner]])

@@ -8,6 +8,7 @@ reruns everything after it, an unchanged one hits the cache.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,14 +77,33 @@ def prepare_base_model(cfg: ModelConfig, run_dir: str, seed: int, out: Path) -> 
 
 
 def _download_registered(uri: str, run_dir: str, out: Path) -> Checkpoint:
+    version = resolve_registered(uri, run_dir)
+    pinned = f"{REGISTRY_PREFIX}{version.name}/{version.version}"
+    fetch_registered(version, run_dir, out)
+    logger.info("downloaded %s (%s) into %s", pinned, uri, out)
+    return Checkpoint(path=str(out), fingerprint=fingerprint_path(out), parent=pinned, stage="base")
+
+
+def fetch_registered(version: ModelVersion, run_dir: str, out: Path) -> Path:
+    """A registered version as a plain Hugging Face directory (model + tokenizer) in `out`, written atomically.
+
+    Versions are MLflow transformers models (an `MLmodel` with the model and its tokenizer as components); a
+    version that is a bare model directory (config.json at its root) is copied as it is.
+    """
     import mlflow
 
-    version = resolve_registered(uri, run_dir)
     pinned = f"{REGISTRY_PREFIX}{version.name}/{version.version}"
     mlflow.set_tracking_uri(tracking_uri(run_dir))
     with atomic_dir(out) as tmp:
-        mlflow.artifacts.download_artifacts(artifact_uri=pinned, dst_path=str(tmp))
-        if not (tmp / "config.json").exists():
-            raise FileNotFoundError(f"{pinned} (from {uri}) holds no config.json; is it a saved Hugging Face model?")
-    logger.info("downloaded %s (%s) into %s", pinned, uri, out)
-    return Checkpoint(path=str(out), fingerprint=fingerprint_path(out), parent=pinned, stage="base")
+        downloaded = Path(mlflow.artifacts.download_artifacts(artifact_uri=pinned, dst_path=str(tmp / "download")))
+        if (downloaded / "MLmodel").exists():
+            parts = mlflow.transformers.load_model(str(downloaded), return_type="components")
+            parts["model"].save_pretrained(tmp)
+            parts["tokenizer"].save_pretrained(tmp)
+        elif (downloaded / "config.json").exists():
+            for item in downloaded.iterdir():
+                shutil.move(str(item), tmp / item.name)
+        else:
+            raise FileNotFoundError(f"{pinned} is neither an MLflow transformers model nor a saved Hugging Face model")
+        shutil.rmtree(tmp / "download", ignore_errors=True)
+    return out

@@ -12,6 +12,10 @@ if TYPE_CHECKING:  # mlflow loads when a stage talks to it, not when the flow is
     import mlflow
 
 
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING = "custom_model_development"
+
+
 def tracking_uri(run_dir: str | Path) -> str:
     """MLFLOW_TRACKING_URI when set (e.g. a tracking server), else a SQLite store under the run directory."""
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
@@ -34,6 +38,10 @@ def configure_mlflow(run_dir: str | Path, experiment: str) -> str:
         exp_id = mlflow.create_experiment(experiment, artifact_location=location)
     else:
         exp_id = exp.experiment_id
+    if exp is None or exp.tags.get(EXPERIMENT_KIND_TAG) is None:
+        # MLflow 3 opens an experiment without this tag in its GenAI view (traces, evaluation runs); a training
+        # pipeline's runs belong in the model-training view.
+        mlflow.MlflowClient().set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
     mlflow.set_experiment(experiment_id=exp_id)
     return exp_id
 

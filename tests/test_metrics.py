@@ -4,7 +4,8 @@ import random
 
 import pytest
 
-from grpo_pipeline.tasks.metrics import mean_pass_at_k, paired_bootstrap_ci, pass_at_k
+from grpo_pipeline.rewards.math import answer_key
+from grpo_pipeline.tasks.metrics import bootstrap_ci, majority_correct, mean_pass_at_k, paired_bootstrap_ci, pass_at_k
 
 
 def brute_force_pass_at_k(n: int, c: int, k: int) -> float:
@@ -47,3 +48,32 @@ def test_paired_bootstrap_ci_contains_true_difference_and_detects_no_change():
     assert low > 0.1 and high < 0.3
     same, low0, high0 = paired_bootstrap_ci(before, before, n_boot=500)
     assert same == 0 and low0 == 0 and high0 == 0
+
+
+def test_majority_vote_takes_the_most_frequent_answer_and_breaks_ties_by_first_seen():
+    keys = ["5", "7", "7", "5", None]
+    correct = [True, False, False, True, False]
+    assert majority_correct(keys, correct, 3) is False  # 7 twice beats 5 once
+    assert majority_correct(keys, correct, 4) is True  # 5 and 7 tied: 5 was seen first
+    assert majority_correct([None, None], [False, False], 2) is False  # nobody voted
+    with pytest.raises(ValueError):
+        majority_correct(keys, correct, 6)
+
+
+def test_answer_keys_put_equal_answers_in_one_vote():
+    assert answer_key("18") == answer_key("18.0") == answer_key("The answer is 18.") == answer_key("#### 18")
+    assert answer_key("1,000") == answer_key("1000")
+    assert answer_key(r"so \boxed{\frac{1}{2}}") == answer_key(r"\boxed{ \frac{1}{2} }") != answer_key("2")
+    assert answer_key("<answer>42</answer> then 7") == "42"
+    assert answer_key("   ") is None
+
+
+def test_bootstrap_ci_brackets_the_mean_and_shrinks_with_n():
+    rng = random.Random(1)
+    small = [int(rng.random() < 0.7) for _ in range(50)]
+    large = [int(rng.random() < 0.7) for _ in range(2000)]
+    lo_s, hi_s = bootstrap_ci(small, n_boot=2000)
+    lo_l, hi_l = bootstrap_ci(large, n_boot=2000)
+    assert lo_s <= sum(small) / 50 <= hi_s and lo_l <= sum(large) / 2000 <= hi_l
+    assert hi_l - lo_l < (hi_s - lo_s) / 3
+    assert bootstrap_ci([1, 1, 1]) == (1.0, 1.0)

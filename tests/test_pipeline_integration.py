@@ -17,7 +17,9 @@ from pathlib import Path
 import mlflow
 import pytest
 from mlflow import MlflowClient
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from grpo_pipeline.tasks.evaluate import generate
 from tests.helpers import ROOT, cli_env, micro_overrides, run_cli
 
 pytestmark = pytest.mark.integration
@@ -86,18 +88,37 @@ def test_cold_run_trains_evaluates_and_registers(store, cold):
     client = client_for(store)
     version = client.get_model_version_by_alias(MODEL_NAME, "champion")
     assert str(version.version) == "1"
-    for tag in ("config_hash", "data_fingerprint", "parent_model", "gating_value"):
-        assert version.tags.get(tag), tag
+    tags = version.tags
+    for tag in (
+        "config_hash",
+        "data_fingerprint",
+        "parent_run_id",
+        "eval_fingerprint",
+        "code_version",
+        "torch_version",
+    ):
+        assert tags.get(tag), tag
+    assert (tags["parent_model"], tags["round"], tags["gate.decision"]) == ("tiny", "1", "first")
     run = client.get_run(version.run_id)
     assert run.data.tags["stage"] == "grpo"
-    assert "eval/accuracy" in run.data.metrics and "eval/pass_at_4" in run.data.metrics
-    assert run.data.params["eval_n_samples"] == "4"
+    assert {"eval/accuracy", "eval/pass_at_4", "eval/maj_at_4", "eval/reward/correctness"} <= set(run.data.metrics)
+    assert run.data.params["eval_n_samples"] == "4" and run.data.params["eval_seed"] == "0"
     # TRL reported per-step training metrics to the same run
     assert len(client.get_metric_history(run.info.run_id, "reward")) == 2
-    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"config.yaml", "model", "eval"} <= artifacts
-    model_files = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "model")}
-    assert {"config.json", "model.safetensors", "tokenizer.json"} <= model_files
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "eval")}
+    assert {"eval/items.jsonl", "eval/completions.json"} <= artifacts
+    # the registered version is an MLflow transformers model: loaded through MLflow, it generates what the
+    # checkpoint on disk generates
+    generator = mlflow.transformers.load_model(f"models:/{MODEL_NAME}@champion")
+    prompts = ["12+34=", "7+80=", "99+1="]
+    loaded = [generator(p, max_new_tokens=4, do_sample=False)[0]["generated_text"] for p in prompts]
+    (checkpoint,) = (store / "runs" / "grpo-round1").iterdir()
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    tokenizer.padding_side = "left"
+    direct = generate(
+        AutoModelForCausalLM.from_pretrained(checkpoint), tokenizer, prompts, max_new_tokens=4, batch_size=1
+    )
+    assert loaded == [p + c[0] for p, c in zip(prompts, direct, strict=True)]
     config_text = Path(
         mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="config.yaml")
     ).read_text()
@@ -125,7 +146,7 @@ def test_changed_grpo_value_reruns_only_the_grpo_side(store, cold):
     assert {s for s, c in cached.items() if not c} == GRPO_SIDE, cached
     reg = summary["registrations"][0]
     assert reg["version"] == str(before + 1) and reg["alias"] in ("champion", "challenger")
-    assert reg["previous_champion"] == champion
+    assert reg["gate"]["champion_version"] == champion and reg["gate"]["n"] > 0
     client = client_for(store)
     aliases = {v: list(client.get_model_version(MODEL_NAME, v).aliases) for v in (champion, reg["version"])}
     if reg["alias"] == "champion":  # the alias moved to the better version
@@ -181,9 +202,10 @@ def test_iterative_rounds_start_from_the_last_policy(tmp_path):
     assert [r["version"] for r in result["registrations"]] == ["1", "2"]
     client = client_for(tmp_path)
     first, second = (client.get_run(r["run_id"]).data for r in result["registrations"])
-    runs = (tmp_path / "runs").resolve()
-    assert Path(first.tags["parent_model"]).parent == runs / "sft"
-    assert Path(second.tags["parent_model"]).parent == runs / "grpo-round1"
+    # lineage: round 1 comes from the base model (through SFT's run), round 2 from the version round 1 registered
+    assert (first.tags["parent_model"], second.tags["parent_model"]) == ("tiny", "models:/micro-rounds/1")
+    assert second.tags["parent_run_id"] == result["registrations"][0]["run_id"]
+    assert client.get_run(first.tags["parent_run_id"]).data.tags["stage"] == "sft"
     assert (first.tags["round"], second.tags["round"]) == ("1", "2")
     assert "kl" in second.metrics  # the reference model took part in round 2
 

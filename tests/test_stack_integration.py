@@ -113,10 +113,13 @@ def test_local_deployment_sends_grpo_to_the_gpu_pool_and_registers_through_mlflo
     ).json()["model_versions"]
     assert [v["version"] for v in versions] == ["1"]
     source = versions[0]["source"]
-    assert source.startswith("mlflow-artifacts:/"), source  # stored by the server, not a local path
+    assert source.startswith("models:/m-"), source  # an MLflow (logged) model
+    model = httpx.get(f"{stack.mlflow_url}/api/2.0/mlflow/logged-models/{source.removeprefix('models:/')}").json()
+    artifacts = model["model"]["info"]["artifact_uri"]
+    assert artifacts.startswith("mlflow-artifacts:/"), artifacts  # stored by the server, not a local path
     # the model's files come back over HTTP from the server's artifact proxy
-    path = source.removeprefix("mlflow-artifacts:/")
-    config = httpx.get(f"{stack.mlflow_url}/api/2.0/mlflow-artifacts/artifacts/{path}/config.json")
+    path = artifacts.removeprefix("mlflow-artifacts:/")
+    config = httpx.get(f"{stack.mlflow_url}/api/2.0/mlflow-artifacts/artifacts/{path}/model/config.json")
     assert config.status_code == 200 and config.json()["model_type"] == "llama"
 
 
@@ -195,3 +198,30 @@ def test_cancelling_the_pipeline_cancels_its_grpo_child(stack: Stack) -> None:
             break
         assert time.monotonic() < deadline, f"parent and child ended as {states}"
         time.sleep(2)
+
+
+EXPLODING_REWARD = """
+def explode(prompts, completions, trainer_state=None, **kwargs):
+    if trainer_state is not None:  # TRL passes its state: this is GRPO training, in the child run
+        raise RuntimeError("reward exploded during training")
+    return [0.0 for _ in completions]
+"""
+
+
+def test_a_failed_grpo_child_fails_the_pipeline_with_its_error(stack: Stack, tmp_path: Path) -> None:
+    """The child on the gpu pool imports the user's reward from beside the recipe, fails in training, and the
+    parent fails with the child's error instead of carrying on."""
+    (tmp_path / "exploding.py").write_text(EXPLODING_REWARD)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text((ROOT / "configs/tiny-arith.yaml").read_text())
+    overrides = micro(stack, "grpo.work_pool=gpu", "grpo.rewards=[{name: 'exploding:explode'}]", "seed=11")
+    params = json.dumps({"recipe": str(recipe), "overrides": overrides})
+    proc = prefect_cli(stack, "deployment", "run", "grpo-pipeline/local", "--params", params, "--watch")
+    parent_id = next(line.split()[-1] for line in proc.stdout.splitlines() if "UUID:" in line)
+    parent = api(stack, "GET", f"/flow_runs/{parent_id}")
+    assert parent["state_type"] == "FAILED", parent["state"]
+    child = [r for r in flow_runs(stack, "grpo-train") if r["parameters"].get("ctx", {}).get("seed") == 11]
+    assert child and child[0]["state_type"] == "FAILED" and child[0]["work_pool_name"] == "gpu"
+    logs = api(stack, "POST", "/logs/filter", {"logs": {"flow_run_id": {"any_": [parent_id]}}, "limit": 200})
+    assert any("reward exploded during training" in log["message"] for log in logs), [log["message"] for log in logs]
+    assert "register-r1" not in {name for name in task_states(stack, parent_id)}

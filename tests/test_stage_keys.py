@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_pipeline.configs.schema import load_config
+from grpo_pipeline.configs.schema import EvalConfig, load_config
 from grpo_pipeline.tasks import stage as stage_mod
 from grpo_pipeline.tasks.common import Checkpoint, Ref
 from grpo_pipeline.tasks.data import DatasetRefs, prepare_data
@@ -49,7 +49,9 @@ def stage_keys(overrides: list[str], run_dir: str = "/tmp/runs") -> dict[str, st
     key("validate", validate_data, data, cfg.data)
     base = Checkpoint(path="base", fingerprint=key("base", prepare_base_model, cfg.model, cfg.run_dir, cfg.seed))
     sft = Checkpoint(path="sft", fingerprint=key("sft", sft_warmup, base, data.train, cfg.sft, cfg.model, ctx))
-    baseline = fake_result(key("eval-sft", evaluate, sft, data.eval, cfg.eval, ctx, label="sft"))
+    baseline = fake_result(
+        key("eval-sft", evaluate, sft, data.eval, cfg.eval, ctx, label="sft", rewards=cfg.grpo.rewards)
+    )
     policy = Checkpoint(
         path="r1",
         fingerprint=key(
@@ -66,7 +68,9 @@ def stage_keys(overrides: list[str], run_dir: str = "/tmp/runs") -> dict[str, st
         ),
         run_id="run",
     )
-    result = fake_result(key("eval-r1", evaluate, policy, data.eval, cfg.eval, ctx, label="r1"))
+    result = fake_result(
+        key("eval-r1", evaluate, policy, data.eval, cfg.eval, ctx, label="r1", rewards=cfg.grpo.rewards)
+    )
     key("register-r1", register_policy, policy, result, baseline, cfg.registry, ctx, cfg.to_yaml(), {"t": cfg.name})
     return keys
 
@@ -75,13 +79,18 @@ def fake_result(key: str) -> EvalResult:
     return EvalResult(
         model=key,
         accuracy=0.5,
+        accuracy_ci=(0.0, 1.0),
         pass_at_k={"1": 0.5},
         num_problems=1,
         n_samples=1,
         temperature=1.0,
         top_p=1.0,
         max_new_tokens=1,
-        details_path=key,
+        seed=0,
+        eval_fingerprint="eval",
+        eval_path="eval",
+        config=EvalConfig(n_samples=1, k=[1]),
+        items_path=key,
     )
 
 
@@ -99,11 +108,12 @@ def rerun(before: dict[str, str], after: dict[str, str]) -> list[str]:
         ("seed=1", ALL[2:]),  # data has its own seed (data.seed)
         ("sft.learning_rate=1e-3", ALL[3:]),
         ("grpo.learning_rate=3e-4", ["grpo-r1", "eval-r1", "register-r1"]),
-        ("grpo.rewards=[{name: correctness}]", ["grpo-r1", "eval-r1", "register-r1"]),
+        # the rewards' means are eval metrics too
+        ("grpo.rewards=[{name: correctness}]", ["eval-sft", "grpo-r1", "eval-r1", "register-r1"]),
         ("eval.n_samples=16", ["eval-sft", "eval-r1", "register-r1"]),
         ("eval.correctness_reward=digit_match", ["eval-sft", "grpo-r1", "eval-r1", "register-r1"]),  # GRPO's probe
         ("registry.model_name=other", ["register-r1"]),
-        ("registry.min_improvement=0.01", ["register-r1"]),
+        ("registry.min_delta=0.01", ["register-r1"]),
         ("registry.experiment=other", ALL[3:]),  # the MLflow runs move to another experiment
         ("name=renamed", ALL[3:]),  # MLflow run names
         ("run_dir=/tmp/elsewhere", ALL),
@@ -214,7 +224,8 @@ def test_editing_a_user_reward_reruns_only_the_stages_that_call_it(user_module: 
             return [0.5 for _ in completions]
     """)
     )
-    assert rerun(before, stage_keys([override])) == ["grpo-r1", "eval-r1", "register-r1"]
+    # the evaluations report each training reward's mean, so they rerun too
+    assert rerun(before, stage_keys([override])) == ["eval-sft", "grpo-r1", "eval-r1", "register-r1"]
 
 
 def test_user_correctness_reward_keys_evaluation_too(user_module: Path):
