@@ -13,6 +13,7 @@ from rich.markdown import Markdown
 
 from grpo_pipeline import stack
 from grpo_pipeline.configs.schema import ConfigError, PipelineConfig, load_config
+from grpo_pipeline.eval_cli import eval_command
 from grpo_pipeline.rewards_cli import rewards_app
 from grpo_pipeline.runtime import setup
 
@@ -23,6 +24,7 @@ app = typer.Typer(
 )
 console = Console()
 app.add_typer(rewards_app, name="rewards")
+app.command(name="eval")(eval_command)
 
 ConfigOpt = Annotated[
     Path | None, typer.Option("--config", "-c", help="YAML recipe, e.g. configs/tiny-arith.yaml (defaults if omitted).")
