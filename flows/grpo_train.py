@@ -3,8 +3,8 @@
 The pipeline runs it through `run_deployment` when `grpo.work_pool` is set (`remote_grpo_train` below) and
 continues with the checkpoint it returns. The worker may sit on a machine without this one's disk: the round's
 checkpoint is published to its MLflow run (the tracking server serves artifacts), and the pipeline fetches it
-where the path is not local. The round's inputs (training data, held-out probe rows, start checkpoint) are read by
-path, so they must be reachable from the worker (the same machine, or a shared volume).
+where the path is not local. The round's inputs (start checkpoint, training data, held-out probe rows) are published
+to MLflow before the round is sent, and the worker fetches those that are not on its disk.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from grpo_pipeline.configs.schema import GRPOConfig, ModelConfig
 from grpo_pipeline.runtime import add_import_paths, setup
 from grpo_pipeline.tasks.common import Checkpoint, Ref
 from grpo_pipeline.tasks.grpo import grpo_train
-from grpo_pipeline.tasks.publish import materialize, publish
+from grpo_pipeline.tasks.publish import materialize, publish, share_inputs
 from grpo_pipeline.tasks.stage import RunContext
 
 
@@ -37,6 +37,9 @@ def grpo_train_flow(
     """Train one GRPO round from `start` and publish the checkpoint to MLflow (its `uri`)."""
     setup()
     add_import_paths(code_dir)  # the user's reward modules, beside the recipe
+    # On a machine without the pipeline's disk, fetch the inputs the pipeline published (a no-op where they are here).
+    start, train = materialize(start, ctx.run_dir), materialize(train, ctx.run_dir)
+    held_out = materialize(held_out, ctx.run_dir) if held_out is not None else None
     policy = grpo_train(start, train, cfg, model_cfg, round_index, ctx, held_out, correctness_reward, code_dir)
     return publish(policy, ctx.run_dir, ctx.experiment)
 
@@ -54,6 +57,7 @@ def remote_grpo_train(
 ) -> Checkpoint:
     """`grpo_train` through the deployment `grpo-train/<cfg.work_pool>`; waits for it and returns its checkpoint,
     fetched here when its path is not. A failed child fails this call with the child's error."""
+    start, (train, held_out) = share_inputs(start, [train, held_out], ctx, f"grpo-r{round_index}")
     params: dict[str, Any] = {
         "start": start, "train": train, "cfg": cfg, "model_cfg": model_cfg, "round_index": round_index, "ctx": ctx,
         "held_out": held_out, "correctness_reward": correctness_reward, "code_dir": code_dir,

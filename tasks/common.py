@@ -26,6 +26,8 @@ class Ref(BaseModel):
 
     path: str
     fingerprint: str
+    # A copy in the MLflow artifact store, for machines that do not share this one's disk (see `tasks.publish`).
+    uri: str | None = None
 
     def require(self) -> Path:
         """The path, after checking that the artifact is still on disk."""
@@ -73,14 +75,16 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
 class Checkpoint(Ref):
     """A model directory, the MLflow run that produced it (None for a base model) and the model it started from.
 
-    `uri`, when set, is a copy of the directory in the MLflow artifact store, for machines that do not share this
-    one's disk (see `tasks.publish`).
+    A hub model has no directory here: its `path` is its name and its fingerprint `hub:<name>`.
     """
 
     run_id: str | None = None
     parent: str = ""
     stage: str = "base"
-    uri: str | None = None
+
+    @property
+    def on_hub(self) -> bool:
+        return self.fingerprint.startswith("hub:")
 
     @property
     def lineage(self) -> str:

@@ -8,8 +8,9 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from grpo_pipeline.tasks.common import Checkpoint, fingerprint_path
-from grpo_pipeline.tasks.publish import materialize, publish
+from grpo_pipeline.tasks.common import Checkpoint, Ref, fingerprint_path
+from grpo_pipeline.tasks.publish import materialize, publish, share_inputs
+from grpo_pipeline.tasks.stage import RunContext
 from grpo_pipeline.tasks.tracking import configure_mlflow
 
 
@@ -68,3 +69,43 @@ def test_a_missing_registered_model_names_the_store(tmp_path: Path, monkeypatch:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     with pytest.raises(FileNotFoundError, match=r"models:/nope@champion.*no such registered model version"):
         resolve_registered("models:/nope@champion", str(tmp_path))
+
+
+def test_a_data_file_from_another_machine_is_fetched_with_its_name(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    data = tmp_path / "pipeline" / "data" / "train.parquet"
+    data.parent.mkdir(parents=True)
+    data.write_bytes(b"PAR1 rows PAR1")
+    configure_mlflow(tmp_path, "publish")
+    with mlflow.start_run() as run:
+        pass
+    ref = publish(Ref(path=str(data), fingerprint=fingerprint_path(data)), str(tmp_path), "publish", run.info.run_id)
+    assert ref.uri == f"runs:/{run.info.run_id}/inputs/{ref.fingerprint[:12]}/train.parquet"
+    data.unlink()
+    local = materialize(ref, str(tmp_path))
+    assert Path(local.path).name == "train.parquet" and Path(local.path).read_bytes() == b"PAR1 rows PAR1"
+    assert fingerprint_path(local.path) == ref.fingerprint
+
+
+def test_share_inputs_publishes_what_a_worker_elsewhere_needs_once(tmp_path: Path, published: Checkpoint) -> None:
+    sft_dir = tmp_path / "sft"
+    sft_dir.mkdir()
+    (sft_dir / "config.json").write_text("{}")
+    with mlflow.start_run() as run:
+        pass
+    start = Checkpoint(path=str(sft_dir), fingerprint=fingerprint_path(sft_dir), run_id=run.info.run_id, stage="sft")
+    train = tmp_path / "train.parquet"
+    train.write_bytes(b"train rows")
+    refs = [Ref(path=str(train), fingerprint=fingerprint_path(train)), None]
+    ctx = RunContext(run_dir=str(tmp_path), experiment="publish", recipe="t", seed=0)
+
+    shared_start, (shared_train, none) = share_inputs(start, refs, ctx, "grpo-r1")
+    assert shared_start.uri == f"runs:/{run.info.run_id}/checkpoint"  # the checkpoint goes to its own run
+    assert shared_train.uri is not None and "/inputs/" in shared_train.uri and none is None
+    inputs_run = mlflow.get_run(shared_train.uri.split("/")[1])
+    assert inputs_run.info.run_name == "t-grpo-r1-inputs"
+    # what already has a URI (a round's published checkpoint) is not published again; a hub model never is
+    again_start, (again_train, _) = share_inputs(published, [shared_train, None], ctx, "grpo-r2")
+    assert (again_start, again_train) == (published, shared_train)
+    hub = Checkpoint(path="org/model", fingerprint="hub:org/model")
+    assert share_inputs(hub, [], ctx, "x") == (hub, []) and materialize(hub, str(tmp_path)) == hub
