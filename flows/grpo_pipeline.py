@@ -29,7 +29,7 @@ from grpo_pipeline.tasks.data import prepare_data as _prepare_data
 from grpo_pipeline.tasks.evaluate import EvalResult
 from grpo_pipeline.tasks.evaluate import evaluate as _evaluate
 from grpo_pipeline.tasks.grpo import grpo_train as _grpo_train
-from grpo_pipeline.tasks.model import prepare_base_model
+from grpo_pipeline.tasks.model import pin_registered, prepare_base_model
 from grpo_pipeline.tasks.register import Registration, register_policy
 from grpo_pipeline.tasks.sft import sft_warmup as _sft_warmup
 from grpo_pipeline.tasks.stage import RunContext
@@ -113,9 +113,10 @@ def grpo_pipeline(
 
     data = _run(records, "prepare_data", prepare_data, cfg.data, cfg.run_dir)
     data = _run(records, "validate_data", validate_data, data, cfg.data)
-    base = policy = _run(records, "base_model", base_model, cfg.model, cfg.run_dir, cfg.seed)
+    model_cfg = pin_registered(cfg.model, cfg.run_dir)  # an alias (models:/x@champion) names one version this run
+    base = policy = _run(records, "base_model", base_model, model_cfg, cfg.run_dir, cfg.seed)
     if cfg.sft.enabled:
-        policy = _run(records, "sft_warmup", sft_warmup, policy, data.train, cfg.sft, cfg.model, ctx)
+        policy = _run(records, "sft_warmup", sft_warmup, policy, data.train, cfg.sft, model_cfg, ctx)
     rewards = cfg.grpo.rewards
     baseline = _run(records, "evaluate-sft", evaluate, policy, data.eval, cfg.eval, ctx, label="sft", rewards=rewards)
 
@@ -133,7 +134,7 @@ def grpo_pipeline(
             start,
             data.train,
             cfg.grpo,
-            cfg.model,
+            model_cfg,
             r,
             ctx,
             held_out=data.eval,

@@ -56,6 +56,16 @@ def resolve_registered(uri: str, run_dir: str) -> ModelVersion:
         ) from None
 
 
+def pin_registered(cfg: ModelConfig, run_dir: str) -> ModelConfig:
+    """`cfg` with a `models:/<name>@<alias>` base resolved to the version the alias names now, so the stage's key and
+    its download cannot see two different versions when the alias moves in between."""
+    if not (cfg.base.startswith(REGISTRY_PREFIX) and "@" in cfg.base):
+        return cfg
+    version = resolve_registered(cfg.base, run_dir)
+    logger.info("model.base %s is %s version %s", cfg.base, version.name, version.version)
+    return cfg.model_copy(update={"base": f"{REGISTRY_PREFIX}{version.name}/{version.version}"})
+
+
 @stage("base", external=_base_identity)
 def prepare_base_model(cfg: ModelConfig, run_dir: str, seed: int, out: Path) -> Checkpoint:
     """A Checkpoint for the configured base model, building the tiny model into `out` when `base` is 'tiny'."""

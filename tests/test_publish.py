@@ -109,3 +109,22 @@ def test_share_inputs_publishes_what_a_worker_elsewhere_needs_once(tmp_path: Pat
     assert (again_start, again_train) == (published, shared_train)
     hub = Checkpoint(path="org/model", fingerprint="hub:org/model")
     assert share_inputs(hub, [], ctx, "x") == (hub, []) and materialize(hub, str(tmp_path)) == hub
+
+
+def test_an_alias_base_is_pinned_to_one_version_for_the_whole_run(tmp_path: Path, monkeypatch) -> None:
+    from grpo_pipeline.configs.schema import ModelConfig
+    from grpo_pipeline.tasks.model import pin_registered
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    configure_mlflow(tmp_path, "pin")
+    client = mlflow.MlflowClient()
+    client.create_registered_model("base-model")
+    for _ in range(2):
+        client.create_model_version("base-model", source=str(tmp_path))
+    client.set_registered_model_alias("base-model", "champion", "2")
+    pinned = pin_registered(ModelConfig(base="models:/base-model@champion"), str(tmp_path))
+    assert pinned.base == "models:/base-model/2"
+    client.set_registered_model_alias("base-model", "champion", "1")  # the alias moves; the pinned config does not
+    assert pinned.base == "models:/base-model/2"
+    for unchanged in ("tiny", "models:/base-model/1", str(tmp_path)):
+        assert pin_registered(ModelConfig(base=unchanged), str(tmp_path)).base == unchanged
