@@ -72,7 +72,13 @@ def run(
     if summary_json:
         summary_json.write_text(summary.model_dump_json(indent=2))
     uri = tracking_uri(cfg.run_dir)
-    console.print(f"MLflow UI: {uri}" if uri.startswith("http") else f"MLflow UI: mlflow ui --backend-store-uri {uri}")
+    # MLflow 3 opens in its GenAI view unless the link asks for the model-training one.
+    page = f"#/models/{cfg.registry.model_name}?workflowType=machine_learning"
+    if uri.startswith("http"):
+        console.print(f"MLflow UI: {uri}/{page}", soft_wrap=True)
+    else:
+        local = f"mlflow ui --backend-store-uri {uri}, then http://127.0.0.1:5000/{page}"
+        console.print(f"MLflow UI: {local}", soft_wrap=True)
 
 
 def _use_stack_if_running() -> None:

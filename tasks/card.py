@@ -47,7 +47,7 @@ def model_card(
     lines += [
         "",
         "## Promotion gate",
-        f"{gate.decision}: {gate.explain()}.",
+        f"**{gate.decision}**: {gate.explain()}.",
         "",
         "## Load it",
         "```python",

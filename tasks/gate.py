@@ -101,11 +101,7 @@ def decide(client: MlflowClient, cfg: RegistryConfig, result: EvalResult, ctx: R
         raise ValueError(f"champion v{champion.version} has no {cfg.gating_metric} for some eval items")
     delta, low, high = paired_bootstrap_ci(theirs.tolist(), challenger.tolist(), seed=ctx.seed)
     promote = low > cfg.min_delta
-    reason = (
-        f"promoted: the CI's lower bound is above min_delta {cfg.min_delta}"
-        if promote
-        else f"not promoted: the CI's lower bound is not above min_delta {cfg.min_delta}"
-    )
+    reason = f"the CI's lower bound is {'' if promote else 'not '}above min_delta {cfg.min_delta}"
     return GateDecision(
         **base,
         promote=promote,
