@@ -19,7 +19,7 @@ from grpo_pipeline.configs.schema import RegistryConfig
 from grpo_pipeline.tasks.card import model_card
 from grpo_pipeline.tasks.common import Checkpoint, logger
 from grpo_pipeline.tasks.curves import CURVE_ARTIFACT, PROBE_METRIC, learning_curve_figure, metric_history
-from grpo_pipeline.tasks.evaluate import ITEMS_FILE, EvalResult
+from grpo_pipeline.tasks.evaluate import EvalResult
 from grpo_pipeline.tasks.gate import GateDecision, decide
 from grpo_pipeline.tasks.lineage import provenance_tags
 from grpo_pipeline.tasks.stage import RunContext, stage
@@ -30,7 +30,6 @@ if TYPE_CHECKING:  # mlflow loads when a version is registered, not when the flo
     from mlflow.entities.model_registry import ModelVersion
     from mlflow.models.model import ModelInfo
 
-ITEMS_ARTIFACT = f"eval/{ITEMS_FILE}"
 COMPLETIONS_TABLE = "eval/completions.json"
 
 
@@ -103,7 +102,7 @@ def register_policy(
     client = MlflowClient()
     existing = _version_of_run(client, cfg.model_name, policy.run_id)
     if existing is not None:
-        logger.info("run %s is already %s version %s; not registered again", policy.run_id, cfg.model_name, existing)
+        logger.info("run %s is version %s already; not registered again", policy.run_id, existing.version)
         return _registration_of(client, existing)
     gate = decide(client, cfg, result, ctx)
     tags = {**tags, **provenance_tags(result), **gate.tags()}
@@ -113,12 +112,7 @@ def register_policy(
 
 
 def _version_of_run(client: MlflowClient, name: str, run_id: str) -> ModelVersion | None:
-    from mlflow.exceptions import MlflowException
-
-    try:
-        found = client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
-    except MlflowException:
-        return None
+    found = client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
     return min(found, key=lambda v: int(v.version)) if found else None
 
 
