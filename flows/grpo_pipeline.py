@@ -24,6 +24,7 @@ from grpo_pipeline.flows.grpo_train import remote_grpo_train
 from grpo_pipeline.flows.summary import StageRecord, Summary
 from grpo_pipeline.rewards.registry import RewardError
 from grpo_pipeline.runtime import setup
+from grpo_pipeline.tasks.common import damaged
 from grpo_pipeline.tasks.data import DataError
 from grpo_pipeline.tasks.data import prepare_data as _prepare_data
 from grpo_pipeline.tasks.evaluate import EvalResult
@@ -84,9 +85,16 @@ register = stage_task(register_policy, "register")
 
 
 def _run(records: list[StageRecord], record_name: str, stage: Task, /, *args: Any, **kwargs: Any) -> Any:
-    """Run a task, record its wall time and whether it came from the cache, and return its result."""
+    """Run a task, record its wall time and whether it came from the cache, and return its result.
+
+    A cached result is used only while the files it points to are intact; otherwise the stage is rebuilt."""
     start = time.perf_counter()
     state = stage(*args, return_state=True, **kwargs)
+    if state.name == "Cached" and (problems := damaged(state.result())):
+        get_run_logger().warning(
+            "%s: not using the cached result (%s); rebuilding it", record_name, "; ".join(problems)
+        )
+        state = stage.with_options(refresh_cache=True)(*args, return_state=True, **kwargs)
     seconds = time.perf_counter() - start
     records.append(StageRecord(stage=record_name, seconds=seconds, cached=state.name == "Cached", state=state.name))
     return state.result()

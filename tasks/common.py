@@ -90,3 +90,29 @@ class Checkpoint(Ref):
     def lineage(self) -> str:
         """How to name this model as a parent: a base model by its name (tiny, hub name, models:/...), else its path."""
         return self.parent if self.stage == "base" else self.path
+
+
+def damaged(value: object) -> list[str]:
+    """What is wrong on disk with the files a stage result points to: every Ref (a hub model aside) whose file or
+    directory is missing or whose content no longer has its fingerprint, and every other file a result lists in
+    `local_files()`. Empty when all is intact. Used before a cached result is trusted."""
+    problems: list[str] = []
+    if isinstance(value, Ref) and not (isinstance(value, Checkpoint) and value.on_hub):
+        path = Path(value.path)
+        if not path.exists():
+            problems.append(f"{path} is missing")
+        elif fingerprint_path(path) != value.fingerprint:
+            problems.append(
+                f"{path} has changed (fingerprint {fingerprint_path(path)[:12]}, expected {value.fingerprint[:12]})"
+            )
+    if isinstance(value, BaseModel):
+        local_files = getattr(value, "local_files", None)
+        problems += [
+            f"{p} is missing" for p in (local_files() if callable(local_files) else []) if not Path(p).exists()
+        ]
+        for name in type(value).model_fields:
+            problems += damaged(getattr(value, name))
+    elif isinstance(value, list | tuple):
+        for item in value:
+            problems += damaged(item)
+    return problems

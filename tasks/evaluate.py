@@ -74,6 +74,10 @@ class EvalResult(BaseModel):
             "eval_fingerprint": self.eval_fingerprint,
         }
 
+    def local_files(self) -> list[str]:
+        """The files these scores live in (checked before a cached result is used)."""
+        return [self.items_path]
+
     def items(self) -> pd.DataFrame:
         """One row per eval item: id, prompt, answer, greedy, greedy_correct, samples, correct_count, the item's
         pass@k and maj@k, and its mean reward per function."""

@@ -160,6 +160,21 @@ def test_refresh_reruns_everything(store, cold):
     assert not any(states(summary).values()), states(summary)
 
 
+def test_a_cached_result_whose_files_changed_on_disk_is_rebuilt(store, cold):
+    (sft_dir,) = (store / "runs" / "sft").iterdir()
+    (sft_dir / "config.json").write_text("{}")  # a cached checkpoint edited behind the pipeline's back
+    summary = store / "damaged.json"
+    args = ["run", "--config", "configs/tiny-arith.yaml", "--summary-json", str(summary),
+            *micro_overrides(store / "runs"), f"registry.model_name={MODEL_NAME}"]  # fmt: skip
+    proc = run_cli(args, cli_env(store))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "sft_warmup: not using the cached result" in out and "has changed" in out
+    stages = states(json.loads(summary.read_text()))
+    assert stages["sft_warmup"] is False and stages["prepare_data"] is True
+    assert json.loads((sft_dir / "config.json").read_text())["model_type"] == "llama"  # rebuilt in place
+
+
 def test_invalid_data_stops_before_training(tmp_path):
     rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(20)]
     rows[5]["prompt"] = rows[4]["prompt"]  # duplicate
