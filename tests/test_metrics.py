@@ -77,3 +77,14 @@ def test_bootstrap_ci_brackets_the_mean_and_shrinks_with_n():
     assert lo_s <= sum(small) / 50 <= hi_s and lo_l <= sum(large) / 2000 <= hi_l
     assert hi_l - lo_l < (hi_s - lo_s) / 3
     assert bootstrap_ci([1, 1, 1]) == (1.0, 1.0)
+
+
+def test_resampling_in_blocks_draws_the_same_resamples_as_at_once():
+    import numpy as np
+
+    from grpo_pipeline.tasks.metrics import resampled_means
+
+    values = np.random.default_rng(3).random(37)
+    whole = resampled_means(values, 500, seed=5, max_draws=10**9)
+    blocks = resampled_means(values, 500, seed=5, max_draws=37 * 7)  # 7 resamples per block
+    assert np.allclose(whole, blocks)
