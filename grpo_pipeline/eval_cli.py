@@ -80,7 +80,8 @@ def compare(ours: EvalResult, theirs: EvalResult, seed: int) -> dict[str, dict[s
     a, b = ours.items(), theirs.items()
     out: dict[str, dict[str, float]] = {}
     for metric in ours.metrics():
-        mine, other = item_metric(a, metric), item_metric(b, metric).reindex(item_metric(a, metric).index)
+        mine = item_metric(a, metric)
+        other = item_metric(b, metric).reindex(mine.index)
         if mine.isna().any() or other.isna().any():
             continue
         delta, low, high = paired_bootstrap_ci(other.tolist(), mine.tolist(), seed=seed)

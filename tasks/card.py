@@ -17,9 +17,10 @@ def model_card(
     gate: GateDecision,
     tags: dict[str, str],
     config_yaml: str,
+    prompt: str,
 ) -> str:
+    """The card as markdown; `prompt` (an eval prompt) shows how to call the model."""
     recipe = tags.get("recipe", "?")
-    prompt = str(result.items()["prompt"].iloc[0]) if result.num_problems else "..."
     lines = [
         f"# {cfg.model_name}: the {policy.stage} policy of recipe `{recipe}`",
         "",

@@ -101,15 +101,11 @@ def damaged(value: object) -> list[str]:
         path = Path(value.path)
         if not path.exists():
             problems.append(f"{path} is missing")
-        elif fingerprint_path(path) != value.fingerprint:
-            problems.append(
-                f"{path} has changed (fingerprint {fingerprint_path(path)[:12]}, expected {value.fingerprint[:12]})"
-            )
+        elif (now := fingerprint_path(path)) != value.fingerprint:
+            problems.append(f"{path} has changed (fingerprint {now[:12]}, expected {value.fingerprint[:12]})")
     if isinstance(value, BaseModel):
-        local_files = getattr(value, "local_files", None)
-        problems += [
-            f"{p} is missing" for p in (local_files() if callable(local_files) else []) if not Path(p).exists()
-        ]
+        listed = value.local_files() if callable(getattr(value, "local_files", None)) else []
+        problems += [f"{p} is missing" for p in listed if not Path(p).exists()]
         for name in type(value).model_fields:
             problems += damaged(getattr(value, name))
     elif isinstance(value, list | tuple):

@@ -86,11 +86,14 @@ def item_metric(items: pd.DataFrame, metric: str) -> pd.Series:
     return pd.Series(values.to_numpy(dtype=float), index=items["id"], name=metric)
 
 
-def decide(client: MlflowClient, cfg: RegistryConfig, result: EvalResult, ctx: RunContext) -> GateDecision:
-    """Compare `result` (the challenger) with the current champion of `cfg.model_name` on the same items."""
+def decide(
+    client: MlflowClient, cfg: RegistryConfig, result: EvalResult, items: pd.DataFrame, ctx: RunContext
+) -> GateDecision:
+    """Compare `result` (the challenger, with its per-item scores `items`) with the current champion of
+    `cfg.model_name` on the same items."""
     from mlflow.exceptions import MlflowException
 
-    challenger = item_metric(result.items(), cfg.gating_metric)
+    challenger = item_metric(items, cfg.gating_metric)
     base = {"metric": cfg.gating_metric, "challenger": float(challenger.mean()), "min_delta": cfg.min_delta}
     try:
         champion = client.get_model_version_by_alias(cfg.model_name, "champion")

@@ -20,12 +20,13 @@ from grpo_pipeline.tasks.card import model_card
 from grpo_pipeline.tasks.common import Checkpoint, logger
 from grpo_pipeline.tasks.curves import CURVE_ARTIFACT, PROBE_METRIC, learning_curve_figure, metric_history
 from grpo_pipeline.tasks.evaluate import EvalResult
-from grpo_pipeline.tasks.gate import GateDecision, decide
+from grpo_pipeline.tasks.gate import ITEMS_ARTIFACT, GateDecision, decide
 from grpo_pipeline.tasks.lineage import provenance_tags
 from grpo_pipeline.tasks.stage import RunContext, stage
 from grpo_pipeline.tasks.tracking import configure_mlflow
 
 if TYPE_CHECKING:  # mlflow loads when a version is registered, not when the flow is imported
+    import pandas as pd
     from mlflow import MlflowClient
     from mlflow.entities.model_registry import ModelVersion
     from mlflow.models.model import ModelInfo
@@ -104,10 +105,11 @@ def register_policy(
     if existing is not None:
         logger.info("run %s is version %s already; not registered again", policy.run_id, existing.version)
         return _registration_of(client, existing)
-    gate = decide(client, cfg, result, ctx)
+    items = result.items()
+    gate = decide(client, cfg, result, items, ctx)
     tags = {**tags, **provenance_tags(result), **gate.tags()}
-    card = model_card(cfg, policy, result, baseline, gate, tags, config_yaml)
-    info = _log_policy_run(client, policy, path, result, baseline, config_yaml, tags, card)
+    card = model_card(cfg, policy, result, baseline, gate, tags, config_yaml, prompt=str(items["prompt"].iloc[0]))
+    info = _log_policy_run(client, policy, path, result, items, baseline, config_yaml, tags, card)
     return _create_gated_version(client, cfg, policy.run_id, info, gate, tags, card)
 
 
@@ -135,6 +137,7 @@ def _log_policy_run(
     policy: Checkpoint,
     path: Path,
     result: EvalResult,
+    items: pd.DataFrame,
     baseline: EvalResult | None,
     config_yaml: str,
     tags: dict[str, str],
@@ -153,16 +156,16 @@ def _log_policy_run(
             mlflow.log_metrics(baseline.metrics("eval_sft/"))
         mlflow.log_params(result.settings())
         mlflow.log_text(config_yaml, "config.yaml")
-        mlflow.log_artifact(result.items_path, "eval")
-        mlflow.log_table(completions_table(result), artifact_file=COMPLETIONS_TABLE)
+        mlflow.log_artifact(result.items_path, str(Path(ITEMS_ARTIFACT).parent))  # where the gate reads them
+        mlflow.log_table(completions_table(items), artifact_file=COMPLETIONS_TABLE)
         _log_learning_curve(client, policy, result, baseline)
         mlflow.set_tags(tags)
         return log_transformers_model(path, card, result.max_new_tokens)
 
 
-def completions_table(result: EvalResult, max_items: int = 25) -> dict[str, list]:
+def completions_table(items: pd.DataFrame, max_items: int = 25) -> dict[str, list]:
     """A sample of eval items, one row per sampled completion: prompt, completion, correct, reward per function."""
-    items = result.items().head(max_items)
+    items = items.head(max_items)
     table: dict[str, list] = {"item": [], "prompt": [], "completion": [], "correct": []}
     names = (
         sorted({name for rewards in items["sample_rewards"] for name in rewards}) if "sample_rewards" in items else []
@@ -188,6 +191,9 @@ def log_transformers_model(path: Path, card: str, max_new_tokens: int) -> ModelI
     from huggingface_hub import ModelCard
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, DataType, ParamSchema, ParamSpec, Schema
+    from transformers import AutoModelForCausalLM
+
+    from grpo_pipeline.tasks.training import load_tokenizer
 
     signature = ModelSignature(
         inputs=Schema([ColSpec(DataType.string)]),
@@ -201,10 +207,6 @@ def log_transformers_model(path: Path, card: str, max_new_tokens: int) -> ModelI
             ]
         ),
     )
-    from transformers import AutoModelForCausalLM
-
-    from grpo_pipeline.tasks.training import load_tokenizer
-
     components = {"model": AutoModelForCausalLM.from_pretrained(path), "tokenizer": load_tokenizer(str(path))}
     with tempfile.TemporaryDirectory() as tmp:
         info = mlflow.transformers.log_model(
