@@ -126,6 +126,17 @@ class ModelConfig(_Section):
     )
 
 
+def _save_every_steps(default: int) -> Any:
+    """The checkpoint interval field that SFT and GRPO share (tasks/checkpoints.py)."""
+    return Field(
+        default=default,
+        ge=0,
+        description="Save a resumable checkpoint (model, optimizer, scheduler, RNG states, step) every N optimizer "
+        "steps beside the stage's output; a rerun of the same config or a Prefect retry resumes from the newest "
+        "complete one. 0 turns it off.",
+    )
+
+
 class SFTConfig(_Section):
     enabled: bool = Field(default=True, description="Run the SFT warmup; when false GRPO starts from the base model.")
     epochs: float = Field(default=3.0, gt=0, description="Passes over the training split.")
@@ -134,6 +145,8 @@ class SFTConfig(_Section):
     batch_size: int = Field(default=64, ge=1, description="Examples per optimizer step.")
     warmup_ratio: float = Field(default=0.05, ge=0, le=1, description="Fraction of steps for linear warmup.")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    save_every_steps: int = _save_every_steps(500)
+    keep_checkpoints: int = Field(default=2, ge=1, description="Resumable checkpoints kept (the newest ones).")
 
 
 class RewardSpec(_Section):
@@ -164,6 +177,8 @@ class GRPOConfig(_Section):
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling for rollouts.")
     max_completion_tokens: int = Field(default=8, ge=1, description="Longest rollout completion (tokens).")
     warmup_ratio: float = Field(default=0.0, ge=0, le=1, description="Fraction of steps for linear warmup.")
+    save_every_steps: int = _save_every_steps(50)
+    keep_checkpoints: int = Field(default=2, ge=1, description="Resumable checkpoints kept (the newest ones).")
     rewards: list[RewardSpec] = Field(
         default=[RewardSpec(name="correctness"), RewardSpec(name="format", weight=0.2)],
         min_length=1,

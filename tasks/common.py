@@ -81,6 +81,8 @@ class Checkpoint(Ref):
     run_id: str | None = None
     parent: str = ""
     stage: str = "base"
+    # Set when training continued from a periodic checkpoint of an interrupted attempt (tasks/checkpoints.py).
+    resumed_from_step: int | None = None
 
     @property
     def on_hub(self) -> bool:

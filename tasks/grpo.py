@@ -114,5 +114,7 @@ def grpo_train(
         out=out,
         tags={"stage": "grpo", "round": str(round_index), "data_fingerprint": train.fingerprint},
         build=build,
+        save_every_steps=cfg.save_every_steps,
+        keep_checkpoints=cfg.keep_checkpoints,
         meta={"round": round_index},
     )

@@ -52,4 +52,6 @@ def sft_warmup(
         out=out,
         tags={"data_fingerprint": train.fingerprint},
         build=build,
+        save_every_steps=cfg.save_every_steps,
+        keep_checkpoints=cfg.keep_checkpoints,
     )

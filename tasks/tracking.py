@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from grpo_pipeline.tasks.common import logger
+
 if TYPE_CHECKING:  # mlflow loads when a stage talks to it, not when the flow is imported
     import mlflow
 
@@ -47,12 +49,28 @@ def configure_mlflow(run_dir: str | Path, experiment: str) -> str:
 
 
 @contextlib.contextmanager
-def mlflow_run(run_dir: str | Path, experiment: str, run_name: str, tags: dict[str, str]) -> Iterator[mlflow.ActiveRun]:
-    """Start a fresh MLflow run (ending any run left active in this thread) and end it on exit."""
+def mlflow_run(
+    run_dir: str | Path, experiment: str, run_name: str, tags: dict[str, str], resume: str | None = None
+) -> Iterator[mlflow.ActiveRun]:
+    """Start a fresh MLflow run (ending any run left active in this thread) and end it on exit.
+
+    `resume` names a run to continue instead (a stage resuming from its checkpoint logs on into the run it started);
+    a run the store no longer has is replaced by a fresh one."""
     import mlflow
+    from mlflow.exceptions import MlflowException
 
     configure_mlflow(run_dir, experiment)
     while mlflow.active_run() is not None:
         mlflow.end_run()
+    if resume is not None:
+        try:
+            active = mlflow.start_run(run_id=resume)
+        except MlflowException as e:
+            logger.warning("MLflow run %s cannot be continued (%s); starting a new one", resume, e)
+        else:
+            with active as run:
+                mlflow.set_tags(tags)
+                yield run
+            return
     with mlflow.start_run(run_name=run_name, tags=tags) as run:
         yield run
