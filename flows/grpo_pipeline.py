@@ -96,8 +96,11 @@ def _run(records: list[StageRecord], record_name: str, stage: Task, /, *args: An
         )
         state = stage.with_options(refresh_cache=True)(*args, return_state=True, **kwargs)
     seconds = time.perf_counter() - start
-    records.append(StageRecord(stage=record_name, seconds=seconds, cached=state.name == "Cached", state=state.name))
-    return state.result()
+    result, cached = state.result(), state.name == "Cached"
+    resumed = getattr(result, "resumed_from_step", None)
+    note = f"resumed from step {resumed}" if resumed is not None and not cached else ""
+    records.append(StageRecord(stage=record_name, seconds=seconds, cached=cached, state=state.name, note=note))
+    return result
 
 
 @flow(name="grpo-pipeline", log_prints=False)

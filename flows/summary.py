@@ -6,6 +6,8 @@ from pydantic import BaseModel
 
 from grpo_pipeline.configs.schema import PipelineConfig
 from grpo_pipeline.tasks.evaluate import EvalResult
+from grpo_pipeline.tasks.gate import item_metric
+from grpo_pipeline.tasks.metrics import paired_bootstrap_ci
 from grpo_pipeline.tasks.register import Registration
 
 
@@ -14,6 +16,41 @@ class StageRecord(BaseModel):
     seconds: float
     cached: bool
     state: str
+    note: str = ""  # e.g. "resumed from step 200" when a training stage continued an interrupted attempt
+
+
+class RoundRow(BaseModel):
+    """One row of the rounds table: a model's gating metric and its change against the model before it, with the
+    paired bootstrap 95% CI over the same eval items (tasks/metrics.py)."""
+
+    model: str
+    metric: str
+    value: float
+    change: float | None = None
+    change_ci: tuple[float, float] | None = None
+    n: int
+
+    @classmethod
+    def series(cls, metric: str, models: list[tuple[str, EvalResult]], seed: int) -> list[RoundRow]:
+        rows: list[RoundRow] = []
+        before = None
+        for model, result in models:
+            now = item_metric(result.items(), metric)
+            row = cls(model=model, metric=metric, value=float(now.mean()), n=len(now))
+            if before is not None:
+                paired = before.reindex(now.index)
+                if not paired.isna().any():  # the same items (same eval set): a paired difference exists
+                    change, low, high = paired_bootstrap_ci(paired.tolist(), now.tolist(), seed=seed)
+                    row.change, row.change_ci = change, (low, high)
+            rows.append(row)
+            before = now
+        return rows
+
+    def shown(self) -> str:
+        change = "-"
+        if self.change is not None and self.change_ci is not None:
+            change = f"{self.change:+.3f} [{self.change_ci[0]:+.3f}, {self.change_ci[1]:+.3f}]"
+        return f"| {self.model} | {self.value:.3f} | {change} |"
 
 
 class ScoreRow(BaseModel):
@@ -39,6 +76,7 @@ class Summary(BaseModel):
     scores: list[ScoreRow]
     registrations: list[Registration]
     eval_settings: dict[str, float | int]
+    rounds: list[RoundRow] = []
 
     @classmethod
     def build(
@@ -50,11 +88,13 @@ class Summary(BaseModel):
     ) -> Summary:
         scores = [ScoreRow.of("sft" if cfg.sft.enabled else "base", baseline)]
         scores += [ScoreRow.of(f"grpo round {i}", r) for i, (r, _) in enumerate(rounds, 1)]
+        models = [(scores[0].model, baseline), *((f"grpo round {i}", r) for i, (r, _) in enumerate(rounds, 1))]
         return cls(
             recipe=cfg.name,
             config_hash=cfg.fingerprint()[:12],
             stages=stages,
             scores=scores,
+            rounds=RoundRow.series(cfg.registry.gating_metric, models, cfg.seed),
             registrations=[reg for _, reg in rounds if reg is not None],
             eval_settings={
                 "problems": baseline.num_problems,
@@ -81,11 +121,11 @@ class Summary(BaseModel):
         lines = [
             f"## grpo-pipeline: {self.recipe} (config {self.config_hash})",
             "",
-            "| stage | wall time (s) | cached |",
-            "|---|---:|---|",
+            "| stage | wall time (s) | cached | note |",
+            "|---|---:|---|---|",
         ]
-        lines += [f"| {s.stage} | {s.seconds:.1f} | {'yes' if s.cached else 'no'} |" for s in self.stages]
-        lines.append(f"| **total** | {self.total_seconds:.1f} | |")
+        lines += [f"| {s.stage} | {s.seconds:.1f} | {'yes' if s.cached else 'no'} | {s.note} |" for s in self.stages]
+        lines.append(f"| **total** | {self.total_seconds:.1f} | | |")
         cols = self.score_columns()
         settings = ", ".join(f"{k}={v}" for k, v in self.eval_settings.items())
         lines += [
@@ -96,6 +136,17 @@ class Summary(BaseModel):
             "|---|" + "---:|" * len(cols),
         ]
         lines += [f"| {row.model} | " + " | ".join(row.shown(c) for c in cols) + " |" for row in self.scores]
+        if len(self.rounds) > 1:
+            first = self.rounds[0]
+            lines += [
+                "",
+                f"Rounds ({first.metric}; change against the model before it, paired bootstrap 95% CI over the same "
+                f"{first.n} items):",
+                "",
+                f"| model | {first.metric} | change [95% CI] |",
+                "|---|---:|---|",
+                *(row.shown() for row in self.rounds),
+            ]
         if self.registrations:
             lines += [
                 "",

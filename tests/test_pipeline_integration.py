@@ -223,6 +223,14 @@ def test_iterative_rounds_start_from_the_last_policy(tmp_path):
     assert client.get_run(first.tags["parent_run_id"]).data.tags["stage"] == "sft"
     assert (first.tags["round"], second.tags["round"]) == ("1", "2")
     assert "kl" in second.metrics  # the reference model took part in round 2
+    # the rounds table: each model's gating metric and its paired change against the model before it
+    rows = result["rounds"]
+    assert [r["model"] for r in rows] == ["sft", "grpo round 1", "grpo round 2"]
+    scores = {s["model"]: s["metrics"]["accuracy"] for s in result["scores"]}
+    for before, row in zip(rows, rows[1:]):
+        assert row["value"] == pytest.approx(scores[row["model"]])
+        assert row["change"] == pytest.approx(row["value"] - before["value"])
+        assert row["change_ci"][0] <= row["change"] <= row["change_ci"][1] and row["n"] == 24
 
 
 def test_flow_runs_from_python_without_the_cli(tmp_path):

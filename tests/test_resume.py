@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import TrainerCallback
 
 from grpo_pipeline.configs.schema import PipelineConfig, load_config
 from grpo_pipeline.tasks import training
@@ -145,3 +144,103 @@ def test_a_broken_newest_checkpoint_is_skipped(tmp_path, monkeypatch, damage):
     ckpt = sft(cfg)
     assert ckpt.resumed_from_step == EVERY
     assert meta(ckpt)["steps"] == STEPS
+
+
+# ----------------------------------------------------------------------------- through the CLI, as users run it
+
+FLAKY_REWARD = textwrap.dedent("""\
+    from pathlib import Path
+
+    def flaky(completions, trainer_state=None, **kwargs):
+        # Fails the GRPO task once, at step 5 (after the checkpoint of step 4), like a transient fault would.
+        marker = Path(__file__).with_name("failed-once")
+        if trainer_state is not None and trainer_state.global_step == 4 and not marker.exists():
+            marker.touch()
+            raise RuntimeError("injected transient fault in step 5")
+        return [0.0 for _ in completions]
+""")
+
+
+def cli(tmp_path: Path, name: str, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "grpo_pipeline.cli", "run", "--config", "configs/tiny-arith.yaml",
+        "--summary-json", str(tmp_path / f"{name}.json"), *micro_overrides(tmp_path / "runs"), *extra,
+    ]  # fmt: skip
+
+
+def finished(tmp_path: Path, name: str, proc: subprocess.CompletedProcess) -> dict:
+    assert proc.returncode == 0, f"pipeline failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return json.loads((tmp_path / f"{name}.json").read_text())
+
+
+def notes(summary: dict) -> dict[str, str]:
+    return {s["stage"]: s["note"] for s in summary["stages"]}
+
+
+def stage_meta(run_dir: Path, folder: str) -> dict:
+    (out,) = [p for p in run_dir.glob(f"{folder}/*") if p.is_dir() and not p.name.endswith(".resume")]
+    return json.loads((out / "meta.json").read_text())
+
+
+@pytest.mark.integration
+def test_a_pipeline_killed_mid_training_resumes_on_rerun(tmp_path):
+    import mlflow
+
+    steps = 400
+    extra = [f"sft.max_steps={steps}", "sft.save_every_steps=25", "registry.model_name=resume-kill"]
+    env = cli_env(tmp_path)
+    # Its own session, so the kill takes the whole process group (the CLI and its Prefect server) like a lost node.
+    with open(tmp_path / "killed.log", "w") as log:
+        args = cli(tmp_path, "killed", *extra)
+        proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 300
+            while not list(tmp_path.glob("runs/sft/*.resume/checkpoint-*/sealed.json")):
+                assert proc.poll() is None, (
+                    f"the pipeline ended before a checkpoint:\n{(tmp_path / 'killed.log').read_text()[-3000:]}"
+                )
+                assert time.monotonic() < deadline, "no checkpoint within 300 s"
+                time.sleep(0.05)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    sealed = sorted(
+        int(p.parent.name.split("-")[1]) for p in tmp_path.glob("runs/sft/*.resume/checkpoint-*/sealed.json")
+    )
+    assert sealed and sealed[-1] < steps, sealed
+    assert stage_meta_missing(tmp_path / "runs", "sft")
+
+    rerun = subprocess.run(cli(tmp_path, "rerun", *extra), cwd=ROOT, env=env, capture_output=True, text=True)
+    summary = finished(tmp_path, "rerun", rerun)
+    resumed = int(notes(summary)["sft_warmup"].removeprefix("resumed from step "))
+    assert resumed >= sealed[-1]  # the newest sealed checkpoint (a later one may have been sealed during the kill)
+    meta = stage_meta(tmp_path / "runs", "sft")
+    assert meta["steps"] == steps and meta["resumed_from_step"] == resumed
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    runs = mlflow.search_runs(search_all_experiments=True, filter_string="tags.stage = 'sft'", output_format="list")
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"  # one SFT run, continued, not a second one
+
+
+def stage_meta_missing(run_dir: Path, folder: str) -> bool:
+    return not [p for p in run_dir.glob(f"{folder}/*") if p.is_dir() and not p.name.endswith(".resume")]
+
+
+@pytest.mark.integration
+def test_a_failed_grpo_task_is_retried_by_prefect_and_resumes(tmp_path):
+    (tmp_path / "flaky_reward.py").write_text(FLAKY_REWARD)
+    extra = [
+        f"code_dir={tmp_path}",
+        "grpo.steps_per_round=6",
+        "grpo.save_every_steps=2",
+        "grpo.rewards=[{name: correctness}, {name: 'flaky_reward:flaky', weight: 0.1}]",
+        "registry.model_name=resume-retry",
+    ]
+    proc = subprocess.run(
+        cli(tmp_path, "retried", *extra), cwd=ROOT, env=cli_env(tmp_path), capture_output=True, text=True
+    )
+    summary = finished(tmp_path, "retried", proc)
+    assert (tmp_path / "failed-once").exists()  # the fault did happen
+    assert "injected transient fault in step 5" in proc.stdout + proc.stderr
+    assert notes(summary)["grpo_train-r1"] == "resumed from step 4"
+    meta = stage_meta(tmp_path / "runs", "grpo-round1")
+    assert meta["steps"] == 6 and meta["resumed_from_step"] == 4
