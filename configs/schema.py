@@ -16,6 +16,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import to_jsonable_python
 
+# A field that changes how a stage runs but not what it computes (how often it checkpoints): left out of the
+# stage keys (`section_hash`), so changing it neither reruns the stage nor loses the checkpoints to resume from.
+UNKEYED: dict[str, Any] = {"unkeyed": True}
+
 
 class ConfigError(ValueError):
     """A recipe or override that cannot be used; the message says which field and how to fix it."""
@@ -131,6 +135,7 @@ def _save_every_steps(default: int) -> Any:
     return Field(
         default=default,
         ge=0,
+        json_schema_extra=UNKEYED,
         description="Save a resumable checkpoint (model, optimizer, scheduler, RNG states, step) every N optimizer "
         "steps beside the stage's output; a rerun of the same config or a Prefect retry resumes from the newest "
         "complete one. 0 turns it off.",
@@ -146,7 +151,9 @@ class SFTConfig(_Section):
     warmup_ratio: float = Field(default=0.05, ge=0, le=1, description="Fraction of steps for linear warmup.")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     save_every_steps: int = _save_every_steps(500)
-    keep_checkpoints: int = Field(default=2, ge=1, description="Resumable checkpoints kept (the newest ones).")
+    keep_checkpoints: int = Field(
+        default=2, ge=1, json_schema_extra=UNKEYED, description="Resumable checkpoints kept (the newest ones)."
+    )
 
 
 class RewardSpec(_Section):
@@ -178,7 +185,9 @@ class GRPOConfig(_Section):
     max_completion_tokens: int = Field(default=8, ge=1, description="Longest rollout completion (tokens).")
     warmup_ratio: float = Field(default=0.0, ge=0, le=1, description="Fraction of steps for linear warmup.")
     save_every_steps: int = _save_every_steps(50)
-    keep_checkpoints: int = Field(default=2, ge=1, description="Resumable checkpoints kept (the newest ones).")
+    keep_checkpoints: int = Field(
+        default=2, ge=1, json_schema_extra=UNKEYED, description="Resumable checkpoints kept (the newest ones)."
+    )
     rewards: list[RewardSpec] = Field(
         default=[RewardSpec(name="correctness"), RewardSpec(name="format", weight=0.2)],
         min_length=1,
@@ -281,8 +290,21 @@ class PipelineConfig(_Section):
 
 def section_hash(section: Any) -> str:
     """A stable sha256 of the canonical JSON of a config section, or of any value made of pydantic models, paths
-    and JSON-able containers (the config hash, and every stage key in tasks/stage.py)."""
-    return hashlib.sha256(json.dumps(to_jsonable_python(section), sort_keys=True).encode()).hexdigest()
+    and JSON-able containers (the config hash, and every stage key in tasks/stage.py). Fields marked `UNKEYED`
+    are left out."""
+    return hashlib.sha256(json.dumps(to_jsonable_python(keyed_view(section)), sort_keys=True).encode()).hexdigest()
+
+
+def keyed_view(value: Any) -> Any:
+    """`value` with the fields of its pydantic models that are marked `UNKEYED` left out, at any depth."""
+    if isinstance(value, BaseModel):
+        fields = type(value).model_fields
+        return {k: keyed_view(getattr(value, k)) for k, f in fields.items() if f.json_schema_extra != UNKEYED}
+    if isinstance(value, list | tuple):
+        return [keyed_view(v) for v in value]
+    if isinstance(value, dict):
+        return {k: keyed_view(v) for k, v in value.items()}
+    return value
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:

@@ -117,6 +117,8 @@ def rerun(before: dict[str, str], after: dict[str, str]) -> list[str]:
         ("registry.experiment=other", ALL[3:]),  # the MLflow runs move to another experiment
         ("name=renamed", ALL[3:]),  # MLflow run names
         ("run_dir=/tmp/elsewhere", ALL),
+        ("sft.save_every_steps=7", []),  # how often a stage checkpoints does not change what it computes
+        ("grpo.keep_checkpoints=5", []),
     ],
 )
 def test_config_edit_reruns_exactly(override: str, expected: list[str]) -> None:
