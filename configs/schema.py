@@ -237,6 +237,13 @@ class EvalConfig(_Section):
             raise ValueError(
                 f"eval.k values {too_big} exceed eval.n_samples={self.n_samples}; raise n_samples or drop them"
             )
+        # A pass@k batch holds whole groups: batch_size // n_samples prompts with all their samples
+        # (tasks/evaluate.generate). Below one group it would hold n_samples sequences all the same.
+        if self.batch_size < self.n_samples:
+            raise ValueError(
+                f"eval.batch_size ({self.batch_size}) cannot hold one group of eval.n_samples ({self.n_samples}) "
+                f"samples of a prompt; raise eval.batch_size to a multiple of {self.n_samples} or lower eval.n_samples"
+            )
         return self
 
 
@@ -279,6 +286,18 @@ class PipelineConfig(_Section):
         if not v or any(c in v for c in "/\\ "):
             raise ValueError("name must be non-empty without slashes or spaces (it names directories)")
         return v
+
+    @model_validator(mode="after")
+    def _one_grpo_batch_fits(self) -> PipelineConfig:
+        # TRL's sampler forms only whole batches of prompts_per_step prompts and drops the rest: with fewer training
+        # rows than that, no GRPO step could run (the rows actually prepared are checked again in tasks/preflight.py).
+        if self.data.num_train < self.grpo.prompts_per_step:
+            raise ValueError(
+                f"data.num_train ({self.data.num_train}) is smaller than grpo.prompts_per_step "
+                f"({self.grpo.prompts_per_step}), so no whole GRPO batch of prompts can be formed; raise "
+                "data.num_train or lower grpo.prompts_per_step"
+            )
+        return self
 
     def fingerprint(self) -> str:
         """sha256 of the canonical JSON of the whole config (the MLflow tag `config_hash`), where it came from aside."""
@@ -341,7 +360,7 @@ def _format_validation_error(err: ValidationError, origin: str) -> str:
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown field; check the spelling (`grpo-pipeline config --schema` lists every field)"
-        else:
+        elif not (e["type"] == "value_error" and isinstance(e.get("input"), dict)):  # a section's check names fields
             msg = f"{msg} (got {e.get('input')!r})"
         lines.append(f"  - {field}: {msg}")
     return "\n".join(lines)

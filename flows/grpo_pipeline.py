@@ -31,14 +31,18 @@ from grpo_pipeline.tasks.evaluate import EvalResult
 from grpo_pipeline.tasks.evaluate import evaluate as _evaluate
 from grpo_pipeline.tasks.grpo import grpo_train as _grpo_train
 from grpo_pipeline.tasks.model import pin_registered, prepare_base_model
+from grpo_pipeline.tasks.preflight import PreflightError, check_config
+from grpo_pipeline.tasks.preflight import check_inputs as _check_inputs
 from grpo_pipeline.tasks.register import Registration, register_policy
 from grpo_pipeline.tasks.sft import sft_warmup as _sft_warmup
 from grpo_pipeline.tasks.stage import RunContext
 from grpo_pipeline.tasks.validate import DataValidationError
 from grpo_pipeline.tasks.validate import validate_data as _validate_data
 
+# Bad input: the user's to fix, reported as one message without a traceback (grpo_pipeline/cli.py).
+BAD_INPUT = (ConfigError, DataError, DataValidationError, RewardError, PreflightError)
 # Bad input is not retried: a second try would fail the same way and only delay the error.
-NOT_RETRIED = (ConfigError, DataError, DataValidationError, RewardError, FileNotFoundError, ValueError, TypeError)
+NOT_RETRIED = (*BAD_INPUT, FileNotFoundError, ValueError, TypeError)
 
 
 def retry_unless_bad_input(task: Task, task_run: Any, state: Any) -> bool:
@@ -68,6 +72,7 @@ def stage_task(fn: Callable[..., Any], name: str, **options: Any) -> Task:
 prepare_data = stage_task(_prepare_data, "prepare_data")
 validate_data = stage_task(_validate_data, "validate_data")
 base_model = stage_task(prepare_base_model, "base_model")
+check_inputs = stage_task(_check_inputs, "check_inputs")
 sft_warmup = stage_task(_sft_warmup, "sft_warmup")
 grpo_train = stage_task(_grpo_train, "grpo_train", task_run_name="grpo_train-r{round_index}")
 # The same stage on another work pool (grpo.work_pool), keyed like the local one. Not retried here: a failed round
@@ -118,6 +123,7 @@ def grpo_pipeline(
         raise ConfigError("give the flow either `config` or `recipe`/`overrides`, not both")
     cfg = config if config is not None else load_config(recipe, overrides or [])
     setup(cfg)
+    check_config(cfg)  # run dir, rewards, base model path: fail before any stage runs
     logger = get_run_logger()
     ctx = RunContext.of(cfg)
     records: list[StageRecord] = []
@@ -126,6 +132,9 @@ def grpo_pipeline(
     data = _run(records, "validate_data", validate_data, data, cfg.data)
     model_cfg = pin_registered(cfg.model, cfg.run_dir)  # an alias (models:/x@champion) names one version this run
     base = policy = _run(records, "base_model", base_model, model_cfg, cfg.run_dir, cfg.seed)
+    # Before anything trains: rewards score real rows, prompts fit the context, one GRPO batch of rows exists.
+    # A check, not a stage: cached like one, but not listed in the run summary.
+    check_inputs(data, base, cfg.grpo, cfg.eval, cfg.sft.enabled)
     if cfg.sft.enabled:
         policy = _run(records, "sft_warmup", sft_warmup, policy, data.train, cfg.sft, model_cfg, ctx)
     rewards = cfg.grpo.rewards

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Annotated
@@ -10,6 +11,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markdown import Markdown
+from rich.markup import escape
 
 from grpo_pipeline import stack
 from grpo_pipeline.configs.schema import ConfigError, PipelineConfig, load_config
@@ -38,8 +40,38 @@ def _load(config: Path | None, overrides: list[str] | None) -> PipelineConfig:
     try:
         return load_config(config, overrides or [])
     except ConfigError as e:
-        console.print(f"[red]error:[/red] {e}")
+        _error(e)
         raise typer.Exit(2) from None
+
+
+def _error(e: Exception) -> None:
+    """One clear message: the error's own text (it says what, where and how to fix), no traceback."""
+    console.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
+
+
+def _preflight(cfg: PipelineConfig) -> None:
+    """The checks that need no data (run dir, rewards, base model path), before Prefect starts: exit 2 on failure."""
+    from grpo_pipeline.tasks.preflight import PreflightError, check_config
+
+    try:
+        check_config(cfg)
+    except PreflightError as e:
+        _error(e)
+        raise typer.Exit(2) from None
+
+
+class _NoTracebackFor(logging.Filter):
+    """Drop the traceback from Prefect's failure records of these exception types (the message stays): a bad input
+    is the user's to fix, and a hundred lines of engine frames would bury the one line that says how."""
+
+    def __init__(self, types: tuple[type[BaseException], ...]):
+        super().__init__()
+        self.types = types
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], self.types):
+            record.exc_info, record.exc_text = None, None
+        return True
 
 
 @app.command()
@@ -56,15 +88,22 @@ def run(
 ) -> None:
     """Run the whole pipeline on a recipe."""
     cfg = _load(config, overrides)
-    _use_stack_if_running()
     setup(cfg, verbose=verbose, refresh=refresh)
+    _preflight(cfg)
+    _use_stack_if_running()
     # Prefect reads its settings at import time, so the flow is imported only after setup.
-    from grpo_pipeline.flows.grpo_pipeline import grpo_pipeline
+    from grpo_pipeline.flows.grpo_pipeline import BAD_INPUT, grpo_pipeline
     from grpo_pipeline.tasks.tracking import tracking_uri
 
+    if not verbose:
+        for name in ("prefect.flow_runs", "prefect.task_runs"):
+            logging.getLogger(name).addFilter(_NoTracebackFor(BAD_INPUT))
     console.print(f"[bold]grpo-pipeline[/bold] recipe [cyan]{cfg.name}[/cyan], run dir [cyan]{cfg.run_dir}[/cyan]")
     try:
         summary = grpo_pipeline(config=cfg)
+    except BAD_INPUT as e:  # the user's to fix: its message, without the traceback (--verbose keeps it)
+        _error(e)
+        raise typer.Exit(1) from None
     except Exception as e:  # the flow has logged the traceback; end with one clear line and a non-zero code
         console.print(f"[red]pipeline failed:[/red] {type(e).__name__}: {e}")
         raise typer.Exit(1) from None

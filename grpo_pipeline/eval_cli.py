@@ -183,6 +183,8 @@ def _with_options(
     updates: dict[str, Any] = {}
     if n is not None:
         updates["n_samples"] = n
+        # a generation batch holds at least one whole group of n samples
+        updates["batch_size"] = max(cfg.batch_size, n)
     if k is not None:
         try:
             updates["k"] = [int(x) for x in k.split(",") if x.strip()]

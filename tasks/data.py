@@ -11,7 +11,9 @@ from __future__ import annotations
 import operator
 import random
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from pydantic import BaseModel
@@ -130,6 +132,8 @@ def map_columns(raw: pd.DataFrame, cfg: DataConfig, origin: str) -> pd.DataFrame
     wanted = [cfg.prompt_column, cfg.answer_column, *cfg.extra_columns]
     if cfg.completion_column:
         wanted.append(cfg.completion_column)
+    if raw.empty:
+        raise DataError(f"{origin} has no rows, so there is nothing to train on; check data.path / data.hf_name")
     missing = [c for c in wanted if c not in raw.columns]
     if missing:
         raise DataError(
@@ -187,6 +191,15 @@ def split_train_eval(df: pd.DataFrame, num_train: int, num_eval: int, seed: int)
     return train_df.head(num_train).reset_index(drop=True), eval_df.reset_index(drop=True)
 
 
+def describe_source(cfg: DataConfig) -> str:
+    """The configured source in words, for error messages."""
+    if cfg.source == "file":
+        return f"data file {cfg.path}"
+    if cfg.source == "hf":
+        return f"dataset {cfg.hf_name} (split {cfg.hf_split!r})"
+    return "the synthetic task"
+
+
 def load_source(cfg: DataConfig) -> pd.DataFrame:
     """All rows of the configured source, mapped to the standard columns."""
     if cfg.source == "synthetic":
@@ -195,16 +208,26 @@ def load_source(cfg: DataConfig) -> pd.DataFrame:
         df["completion"] = df["answer"]
         return df
     if cfg.source == "file":
-        return map_columns(read_table(cfg.path), cfg, origin=f"data file {cfg.path}")
-    return map_columns(load_hf(cfg.hf_name, cfg.hf_config, cfg.hf_split), cfg, origin=f"dataset {cfg.hf_name}")
+        return map_columns(read_table(cfg.path), cfg, origin=describe_source(cfg))
+    return map_columns(load_hf(cfg.hf_name, cfg.hf_config, cfg.hf_split), cfg, origin=describe_source(cfg))
 
 
-@stage("data")
+def _source_content(params: Mapping[str, Any]) -> dict[str, str]:
+    """A local source file or dataset directory is keyed by its content: fixing a bad row in place and rerunning
+    must prepare the data again, not reuse the splits of the old file."""
+    cfg: DataConfig = params["cfg"]
+    local = cfg.path if cfg.source == "file" else cfg.hf_name if cfg.source == "hf" else None
+    if local and Path(local).exists():
+        return {"source": fingerprint_path(local)}
+    return {}
+
+
+@stage("data", external=_source_content)
 def prepare_data(cfg: DataConfig, run_dir: str, out: Path) -> DatasetRefs:
     """Build the splits and write `train.parquet` / `eval.parquet` into the stage's keyed directory `out`."""
     df = load_source(cfg)
     if len(df) < 2:
-        raise DataError(f"the data source has {len(df)} row(s); need at least 2 (one to train, one to evaluate)")
+        raise DataError(f"{describe_source(cfg)} has {len(df)} row(s); need at least 2 (one to train, one to evaluate)")
     train, held_out = split_train_eval(df, cfg.num_train, cfg.num_eval, cfg.seed)
     if cfg.source == "synthetic":
         train = slip_carries(train, cfg.synthetic.teacher_carry_slip, cfg.seed)

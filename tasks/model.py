@@ -56,6 +56,33 @@ def resolve_registered(uri: str, run_dir: str) -> ModelVersion:
         ) from None
 
 
+def looks_local(base: str) -> bool:
+    """Whether `model.base` names a directory on this machine rather than a hub model: a hub name is `name` or
+    `org/name` (one slash at most, never a leading `/`, `.` or `~`)."""
+    return not base.startswith(REGISTRY_PREFIX) and (
+        base.startswith(("/", ".", "~")) or base.count("/") > 1 or "\\" in base or Path(base).exists()
+    )
+
+
+def check_base_path(base: str) -> None:
+    """Raise FileNotFoundError when `model.base` is a local path that is not a saved Hugging Face model directory.
+
+    Without this a missing directory would be taken for a hub name and fail only when SFT loads it."""
+    if base == "tiny" or not looks_local(base):
+        return
+    local = Path(base)
+    if not local.is_dir():
+        raise FileNotFoundError(
+            f"model.base {base!r} does not exist (or is not a directory); set model.base to the directory of a saved "
+            "Hugging Face model (config.json, weights, tokenizer), 'tiny', a hub name or models:/<name>@<alias>"
+        )
+    if not (local / "config.json").exists():
+        raise FileNotFoundError(
+            f"model.base {base!r} is a directory without config.json; point it at a model saved with "
+            "save_pretrained (model and tokenizer)"
+        )
+
+
 def pin_registered(cfg: ModelConfig, run_dir: str) -> ModelConfig:
     """`cfg` with a `models:/<name>@<alias>` base resolved to the version the alias names now, so the stage's key and
     its download cannot see two different versions when the alias moves in between."""
@@ -77,10 +104,9 @@ def prepare_base_model(cfg: ModelConfig, run_dir: str, seed: int, out: Path) -> 
         return Checkpoint(path=str(out), fingerprint=fingerprint_path(out), parent="tiny", stage="base")
     if cfg.base.startswith(REGISTRY_PREFIX):
         return _download_registered(cfg.base, run_dir, out)
+    check_base_path(cfg.base)
     local = Path(cfg.base)
     if local.is_dir():
-        if not (local / "config.json").exists():
-            raise FileNotFoundError(f"model.base {local} is a directory without config.json; is it a saved HF model?")
         return Checkpoint(path=str(local.resolve()), fingerprint=fingerprint_path(local), parent=cfg.base, stage="base")
     # A hub model: its name is its identity (a revision pin belongs in the name's cache, not here).
     return Checkpoint(path=cfg.base, fingerprint=f"hub:{cfg.base}", parent=cfg.base, stage="base")

@@ -1,7 +1,9 @@
 """Stage 2, validate_data: the data contract every later stage relies on (pandera, lazy validation).
 
-Both splits are validated together so that the contract can see across them (no prompt may be in both). Every
-failing row is reported with its split, row number, column and check; nothing downstream runs on bad data.
+Both splits are validated together so that the contract can see across them (no prompt may be in both). Prompts
+are compared with their whitespace collapsed: `"12+7="` and `"12+7= "` are one question, and the split, which
+works on exact strings, can put such a pair on both sides. Every failing row is reported with its split, row
+number, column and check; nothing downstream runs on bad data.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ class DataValidationError(ValueError):
     def __init__(self, message: str, failures: pd.DataFrame):
         super().__init__(message)
         self.failures = failures
+
+
+def same_question(prompts: pd.Series) -> pd.Series:
+    """The key under which two prompts count as the same question: the text with runs of whitespace collapsed."""
+    return prompts.map(lambda p: " ".join(p.split()) if isinstance(p, str) else p)
 
 
 def make_schema(min_prompt_chars: int, max_prompt_chars: int) -> type[pa.DataFrameModel]:
@@ -45,12 +52,13 @@ def make_schema(min_prompt_chars: int, max_prompt_chars: int) -> type[pa.DataFra
 
         @pa.dataframe_check(name="no_duplicate_prompts_within_split")
         def _unique_within_split(cls, df: pd.DataFrame) -> Series[bool]:
-            return ~df.duplicated(subset=["split", "prompt"], keep="first")
+            return ~df.assign(key=same_question(df["prompt"])).duplicated(subset=["split", "key"], keep="first")
 
         @pa.dataframe_check(name="no_prompt_in_both_train_and_eval")
         def _no_overlap(cls, df: pd.DataFrame) -> Series[bool]:
-            train = set(df.loc[df["split"] == "train", "prompt"])
-            return ~((df["split"] == "eval") & df["prompt"].isin(train))
+            key = same_question(df["prompt"])
+            train = set(key[df["split"] == "train"])
+            return ~((df["split"] == "eval") & key.isin(train))
 
         class Config:
             strict = False

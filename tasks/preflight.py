@@ -1,0 +1,271 @@
+"""Preflight: reject bad input before anything trains, with one error that says what, where and how to fix it.
+
+A mistake found after SFT costs the SFT run, and one found mid-GRPO leaves a half-trained policy behind; so every
+check that can be made early is made early, and each failure lists every problem found at once:
+
+  - `configs/schema.py` rejects what the values alone decide (types, ranges, batch sizes that cannot form whole
+    groups), when the config is loaded;
+  - `check_config` rejects what needs the machine but no data: a run directory that cannot be written, a reward
+    name that is not registered or a dotted path that does not import, a local `model.base` that does not exist.
+    The CLI runs it before Prefect starts (a bad recipe fails in about a second); the flow runs it again on entry,
+    for deployments and plain Python;
+  - `check_inputs`, a stage between base_model and sft_warmup, rejects what needs the validated data and the base
+    model: a reward that fails, returns the wrong number of scores or non-numbers on real training rows; prompts
+    that do not fit the model's context with the completion budget; fewer training rows than one GRPO batch.
+
+The data contract itself (columns, blanks, duplicates, train/eval overlap) is tasks/validate.py.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+from pydantic import BaseModel
+
+from grpo_pipeline.configs.schema import EvalConfig, GRPOConfig, PipelineConfig
+from grpo_pipeline.rewards import build_reward
+from grpo_pipeline.rewards.registry import RewardError
+from grpo_pipeline.tasks.common import Checkpoint, logger
+from grpo_pipeline.tasks.data import DatasetRefs
+from grpo_pipeline.tasks.model import check_base_path
+from grpo_pipeline.tasks.stage import stage, user_code
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
+# Training rows each reward scores before SFT: enough to hit a wrong count or a bad type, cheap for a sandbox/judge.
+SMOKE_ROWS = 4
+# Rows named in one message; the rest are counted.
+SHOWN_ROWS = 5
+# Config attributes that hold a model's longest sequence, most common first.
+CONTEXT_ATTRIBUTES = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+
+
+class PreflightError(ValueError):
+    """Bad input found before training; the message lists every problem, each naming its field, file or row."""
+
+
+def _raise(what: str, problems: Sequence[str]) -> None:
+    if problems:
+        raise PreflightError(f"{what}:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+# ----------------------------------------------------------------------------- the config alone
+
+
+def check_config(cfg: PipelineConfig) -> None:
+    """Raise PreflightError naming every problem the config has on this machine: run dir, rewards, base model path.
+
+    Needs the user's import paths in place (`runtime.setup(cfg)`) so that dotted-path rewards import as in training.
+    """
+    problems = [p for p in (run_dir_problem(cfg.run_dir),) if p]
+    for field, name, params in reward_entries(cfg.grpo, cfg.eval):
+        try:
+            build_reward(name, params)
+        except Exception as e:  # a factory may raise anything on bad params; each is the user's to fix
+            problems.append(f"{field}: {e}")
+    try:
+        check_base_path(cfg.model.base)
+    except FileNotFoundError as e:
+        problems.append(str(e))
+    _raise("the config cannot run here", problems)
+
+
+def run_dir_problem(run_dir: str) -> str | None:
+    """Why `run_dir` cannot hold the run (created if missing, then written to), or None when it can."""
+    path = Path(run_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-check-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename and str(e.filename) != run_dir else ""
+        return (
+            f"run_dir {run_dir!r} is not writable: {e.strerror or e}{where}. The run keeps its datasets, checkpoints "
+            "and MLflow store there; set run_dir=<a writable directory> or fix its permissions"
+        )
+    return None
+
+
+def reward_entries(grpo: GRPOConfig, eval_cfg: EvalConfig) -> list[tuple[str, str, dict[str, Any]]]:
+    """(config field, name, params) of every reward a run builds: the training rewards and the one that decides
+    correctness in evaluation."""
+    entries = [(f"grpo.rewards[{i}]", spec.name, spec.params) for i, spec in enumerate(grpo.rewards)]
+    return [*entries, ("eval.correctness_reward", eval_cfg.correctness_reward, {})]
+
+
+# ----------------------------------------------------------------------------- the data and the base model
+
+
+class InputReport(BaseModel):
+    """What the input checks measured (kept as the stage's cached result)."""
+
+    train_rows: int
+    context: int | None
+    longest_prompt_tokens: int
+    rewards: list[str]
+
+
+def _inputs_code(params: Mapping[str, Any]) -> dict[str, str]:
+    return user_code(name for _, name, _ in reward_entries(params["grpo"], params["eval_cfg"]))
+
+
+@stage("preflight", external=_inputs_code)
+def check_inputs(
+    data: DatasetRefs, base: Checkpoint, grpo: GRPOConfig, eval_cfg: EvalConfig, sft_enabled: bool
+) -> InputReport:
+    """Raise PreflightError naming every problem that the prepared data and the base model show before training:
+    too few training rows for one GRPO batch, a reward that fails on real rows, prompts too long for the context."""
+    train = pd.read_parquet(data.train.require())
+    held_out = pd.read_parquet(data.eval.require())
+    problems = []
+    if len(train) < grpo.prompts_per_step:
+        problems.append(
+            f"the training split has {len(train)} row(s) ({data.train.path}), fewer than grpo.prompts_per_step="
+            f"{grpo.prompts_per_step}: TRL forms only whole batches of prompts, so no GRPO step could run; add rows "
+            "(data.num_train, or fewer held out with data.num_eval) or lower grpo.prompts_per_step"
+        )
+    problems += reward_problems(train.head(SMOKE_ROWS), reward_entries(grpo, eval_cfg))
+    length_problems, context, longest = context_problems(base, train, held_out, grpo, eval_cfg, sft_enabled)
+    problems += length_problems
+    _raise("the input checks failed before training", problems)
+    logger.info(
+        "input checks passed: %d training rows; rewards score real rows; the longest prompt is %d tokens%s",
+        len(train),
+        longest,
+        f" (context {context})" if context else "",
+    )
+    return InputReport(
+        train_rows=len(train),
+        context=context,
+        longest_prompt_tokens=longest,
+        rewards=[name for _, name, _ in reward_entries(grpo, eval_cfg)],
+    )
+
+
+def reward_problems(rows: pd.DataFrame, entries: Sequence[tuple[str, str, dict[str, Any]]]) -> list[str]:
+    """Call each reward as training does, on `rows` with their own SFT completions as the completions: a reward
+    that raises, returns the wrong number of scores or a non-number (None is allowed: "not applicable") is named."""
+    from grpo_pipeline.tasks.evaluate import reward_columns
+
+    prompts, columns = reward_columns(rows, 1)
+    completions = rows["completion"].tolist()
+    where = f"on the first {len(rows)} training rows, with their SFT completions as completions"
+    problems = []
+    for field, name, params in entries:
+        try:
+            scores = build_reward(name, params)(prompts=prompts, completions=completions, **columns)
+        except RewardError as e:  # a wrong count or a non-number: the message says which
+            problems.append(f"{field}: {e} ({where})")
+            continue
+        except Exception as e:  # the user's code: any failure here would fail training the same way
+            problems.append(
+                f"{field}: reward {name!r} raised {type(e).__name__}: {e} ({where}). Fix the reward, or keep the "
+                f"columns it reads with data.extra_columns (the rows have: {', '.join(sorted(columns)) or 'none'})"
+            )
+            continue
+        if all(s is None for s in scores):
+            logger.warning("%s: reward %r returned None (not applicable) for every row %s", field, name, where)
+    return problems
+
+
+def model_context(config: PretrainedConfig) -> tuple[int, str] | None:
+    """The longest sequence the model takes and the config attribute that says so, when it says."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for attr in CONTEXT_ATTRIBUTES:
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value, attr
+    return None
+
+
+def context_problems(
+    base: Checkpoint,
+    train: pd.DataFrame,
+    held_out: pd.DataFrame,
+    grpo: GRPOConfig,
+    eval_cfg: EvalConfig,
+    sft_enabled: bool,
+) -> tuple[list[str], int | None, int]:
+    """Rows too long for the model's context: prompts longer than it, then prompts that fit but leave too little
+    room for what follows them (rollouts, evaluation, the SFT target). Returns the problems, the context and the
+    longest prompt in tokens."""
+    from transformers import AutoConfig
+
+    from grpo_pipeline.tasks.training import load_tokenizer
+
+    name = base.parent or base.path
+    try:
+        config = AutoConfig.from_pretrained(base.path)
+        tokenizer = load_tokenizer(base.path)
+    except (OSError, ValueError) as e:
+        return [f"model.base {name!r} cannot be loaded from {base.path}: {e}"], None, 0
+    prompts = {"train": _token_counts(tokenizer, train["prompt"]), "eval": _token_counts(tokenizer, held_out["prompt"])}
+    texts = {"train": train["prompt"], "eval": held_out["prompt"]}
+    longest = max([*prompts["train"], *prompts["eval"]], default=0)
+    found = model_context(config)
+    if found is None:
+        logger.warning("model.base %s does not say how long its context is; prompt lengths are not checked", name)
+        return [], None, longest
+    context, attr = found
+    model = f"model.base {name!r} takes {context} tokens ({attr})"
+    shorten = "shorten the prompts (data.prompt_template, or data.max_prompt_chars to reject long rows)"
+    longer = "use a model with a longer context (model.tiny.max_positions for the tiny model)"
+
+    def rows_over(extra: dict[str, list[int]]) -> list[tuple[str, int, int]]:
+        """(split, row, tokens needed) of the rows whose prompt fits but prompt + extra does not."""
+        return [
+            (split, i, n + more)
+            for split, counts in extra.items()
+            for i, (n, more) in enumerate(zip(prompts[split], counts, strict=False))
+            if n <= context < n + more
+        ]
+
+    def describe(over: list[tuple[str, int, int]], what: str) -> str:
+        split, row, needed = max(over, key=lambda o: o[2])
+        shown = ", ".join(f"{s} row {i}" for s, i, _ in over[:SHOWN_ROWS])
+        more = f" and {len(over) - SHOWN_ROWS} more" if len(over) > SHOWN_ROWS else ""
+        prompt = str(texts[split].iloc[row])[:60]
+        return (
+            f"{len(over)} row(s) {what}: {model}, and the longest, {split} row {row}, needs {needed} "
+            f"({prompts[split][row]} in its prompt {prompt!r}); {shown}{more}"
+        )
+
+    problems = []
+    too_long = [(s, i, n) for s, counts in prompts.items() for i, n in enumerate(counts) if n > context]
+    if too_long:
+        problems.append(
+            describe(too_long, "have a prompt longer than the model's context") + f". Fix: {shorten}, or {longer}"
+        )
+    probe = min(grpo.probe_problems, len(held_out))  # the probe generates rollouts' length on these eval rows
+    budgets = {
+        f"grpo.max_completion_tokens={grpo.max_completion_tokens}": {
+            "train": [grpo.max_completion_tokens] * len(train),
+            "eval": [grpo.max_completion_tokens] * probe,
+        },
+        f"eval.max_new_tokens={eval_cfg.max_new_tokens}": {"eval": [eval_cfg.max_new_tokens] * len(held_out)},
+    }
+    if sft_enabled:  # SFT trains on prompt + completion + EOS
+        budgets["their SFT completion (data.completion_column) and EOS"] = {
+            "train": [n + 1 for n in _token_counts(tokenizer, train["completion"], special=False)]
+        }
+    for budget, extra in budgets.items():
+        if over := rows_over(extra):
+            fix = f"lower {budget.split('=')[0]}" if "=" in budget else "shorten the SFT completions"
+            problems.append(
+                describe(over, f"leave too little room for {budget}") + f". Fix: {fix}, {shorten}, or {longer}"
+            )
+    return problems, context, longest
+
+
+def _token_counts(tokenizer: PreTrainedTokenizerBase, texts: pd.Series, special: bool = True) -> list[int]:
+    """Tokens per text; with `special`, as the trainers encode a prompt (BOS and the like included)."""
+    if texts.empty:
+        return []
+    return [len(ids) for ids in tokenizer([str(t) for t in texts], add_special_tokens=special)["input_ids"]]

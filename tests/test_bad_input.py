@@ -1,0 +1,299 @@
+"""Bad input, end to end: each case runs `grpo-pipeline run` as users do and must end with a non-zero exit, one
+clear message that names the field, file or row (no traceback), and nothing trained or registered.
+
+Config-level cases fail before Prefect starts (about a second each). Data and model cases run the micro config
+against one Prefect server shared by the module, so each pays for its own stages only, not for a server start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pandas as pd
+import pytest
+
+from grpo_pipeline.stack import free_port
+from grpo_pipeline.tasks.data import split_train_eval
+from tests.helpers import cli_env, micro_overrides, run_cli
+
+pytestmark = pytest.mark.integration
+
+RECIPE = "configs/tiny-arith.yaml"
+BAD_REWARDS = """\
+def too_few(prompts, completions, **kwargs):
+    return [1.0] * (len(completions) - 1)
+
+
+def words(prompts, completions, **kwargs):
+    return ["good" for _ in completions]
+"""
+
+
+# ----------------------------------------------------------------------------- running a case
+
+
+def run(tmp: Path, *overrides: str, recipe: str | Path = RECIPE, api: str | None = None) -> tuple[int, str]:
+    """`grpo-pipeline run` on the micro config plus `overrides`, in a fresh process; its exit code and output."""
+    extra = {"PREFECT_API_URL": api} if api else {}
+    args = ["run", "--config", str(recipe), *micro_overrides(tmp / "runs"), *overrides]
+    proc = run_cli(args, cli_env(tmp, **extra), timeout=300)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def assert_rejected(code: int, out: str, tmp: Path, *fragments: str, run_dir: Path | None = None) -> None:
+    """A non-zero exit, one error message holding every fragment, no traceback, nothing trained or registered."""
+    assert code != 0, out[-3000:]
+    assert out.count("error:") == 1, out[-3000:]
+    message = out[out.index("error:") :]
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in the error:\n{message[:3000]}"
+    assert "Traceback" not in out, out[-5000:]
+    assert "Retry 1/" not in out, out[-3000:]  # bad input is not retried
+    runs = run_dir or tmp / "runs"
+    trained = sorted(p.name for p in runs.glob("*") if p.name == "sft" or p.name.startswith("grpo-round"))
+    assert not trained, f"checkpoints were written: {trained}"
+    assert registered_versions(runs) == 0
+
+
+def registered_versions(runs: Path) -> int:
+    """Model versions in the run's MLflow store (none when the store was never created)."""
+    db = runs / "mlflow.db"
+    if not db.exists():
+        return 0
+    with sqlite3.connect(db) as conn:
+        return conn.execute("select count(*) from model_versions").fetchone()[0]
+
+
+# ----------------------------------------------------------------------------- config-level cases
+
+
+def _malformed_yaml(tmp: Path) -> tuple[list[str], Path, list[str]]:
+    recipe = tmp / "broken.yaml"
+    recipe.write_text("name: broken\ngrpo: {rounds: 1, rewards: [\n")
+    return [], recipe, [str(recipe), "is not valid YAML", "line"]
+
+
+def _overrides(*overrides: str, expect: list[str]) -> Callable[[Path], tuple[list[str], str, list[str]]]:
+    return lambda tmp: (list(overrides), RECIPE, expect)
+
+
+CONFIG_CASES = {
+    "malformed YAML": _malformed_yaml,
+    "unknown key": _overrides("grpo.learning_rat=1e-4", expect=["grpo.learning_rat", "unknown field"]),
+    "wrong type": _overrides("grpo.steps_per_round=many", expect=["grpo.steps_per_round", "integer", "'many'"]),
+    "unknown reward name": _overrides(
+        "grpo.rewards=[{name: correctness}, {name: corectness}]",
+        expect=["grpo.rewards[1]", "'corectness'", "did you mean 'correctness'"],
+    ),
+    "dotted reward path that does not import": _overrides(
+        "grpo.rewards=[{name: 'no_such_module:score'}]",
+        expect=["grpo.rewards[0]", "cannot import module 'no_such_module'", "beside the recipe"],
+    ),
+    "model path that does not exist": lambda tmp: (
+        [f"model.base={tmp / 'no-such-model'}"],
+        RECIPE,
+        ["model.base", str(tmp / "no-such-model"), "does not exist"],
+    ),
+    "eval batch smaller than one group": _overrides(
+        "eval.batch_size=2", expect=["eval.batch_size (2)", "eval.n_samples (4)"]
+    ),
+    "GRPO batch larger than the training split": _overrides(
+        "grpo.prompts_per_step=300", expect=["data.num_train (200)", "grpo.prompts_per_step (300)"]
+    ),
+    "run dir under a file": lambda tmp: (
+        [f"run_dir={tmp / 'a-file' / 'runs'}"],
+        RECIPE,
+        ["run_dir", str(tmp / "a-file" / "runs"), "not writable", "Not a directory"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIG_CASES))
+def test_bad_config_fails_before_prefect_starts(case: str, tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("not a directory")
+    overrides, recipe, expect = CONFIG_CASES[case](tmp_path)
+    start = time.perf_counter()
+    code, out = run(tmp_path, *overrides, recipe=recipe)
+    seconds = time.perf_counter() - start
+    assert code == 2, out[-3000:]
+    assert_rejected(code, out, tmp_path, *expect)
+    assert "Prefect server" not in out and "Starting temporary server" not in out, out  # nothing was started
+    assert seconds < 60, f"took {seconds:.0f} s"  # a few seconds on an idle machine; generous for a busy one
+
+
+@pytest.fixture
+def read_only_dir(tmp_path: Path) -> Iterator[Path]:
+    """A directory nothing can be written to: mode 0500, or, for root (whom modes do not stop), immutable."""
+    path = tmp_path / "read-only"
+    path.mkdir()
+    if os.geteuid() != 0:
+        path.chmod(0o500)
+        yield path
+        path.chmod(0o700)
+        return
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode:
+        pytest.skip("running as root where `chattr +i` is not available: no directory is read-only for root")
+    try:
+        yield path
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def test_unwritable_run_dir_fails_before_prefect_starts(tmp_path: Path, read_only_dir: Path) -> None:
+    run_dir = read_only_dir / "runs"
+    code, out = run(tmp_path, f"run_dir={run_dir}")
+    assert code == 2, out[-3000:]
+    assert_rejected(code, out, tmp_path, "run_dir", str(run_dir), "not writable", run_dir=run_dir)
+    assert "Prefect server" not in out
+
+
+# ----------------------------------------------------------------------------- data and model cases
+
+
+@pytest.fixture(scope="module")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One Prefect server on loopback for the module's flow runs (each CLI run would otherwise start its own)."""
+    home = tmp_path_factory.mktemp("prefect-server")
+    port = free_port()
+    log = open(home / "server.log", "w")  # noqa: SIM115 (closed in finally)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=cli_env(home, PREFECT_UI_ENABLED="false"),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + 180
+        while not _healthy(f"{url}/health"):
+            assert proc.poll() is None, (home / "server.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the Prefect server did not start in 180 s"
+            time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, 15)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+        log.close()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def additions(n: int) -> list[dict]:
+    return [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(10, 10 + n)]
+
+
+def from_file(path: Path, *overrides: str) -> list[str]:
+    return ["data.source=file", f"data.path={path}", "data.num_eval=4", *overrides]
+
+
+def crossing_variant(rows: list[dict]) -> list[dict]:
+    """`rows` plus a copy of one prompt with a trailing space that the split puts on the other side from it."""
+    for row in rows:
+        variant = {**row, "prompt": row["prompt"] + " "}
+        candidate = [*rows, variant]
+        _, held_out = split_train_eval(pd.DataFrame(candidate), num_train=200, num_eval=4, seed=0)
+        sides = {p in set(held_out["prompt"]) for p in (row["prompt"], variant["prompt"])}
+        if len(sides) == 2:
+            return candidate
+    raise AssertionError(f"no prompt of {len(rows)} rows has a variant on the other side of the split")
+
+
+def _missing_column(tmp: Path) -> tuple[list[str], list[str]]:
+    path = write_rows(tmp / "no-answer.jsonl", [{"prompt": r["prompt"]} for r in additions(20)])
+    return from_file(path), [str(path), "no column(s) ['answer']", "data.answer_column"]
+
+
+def _empty_dataset(tmp: Path) -> tuple[list[str], list[str]]:
+    path = write_rows(tmp / "empty.jsonl", [])
+    return from_file(path), [str(path), "has no rows"]
+
+
+def _train_eval_overlap(tmp: Path) -> tuple[list[str], list[str]]:
+    path = write_rows(tmp / "overlap.jsonl", crossing_variant(additions(20)))
+    return from_file(path), ["data validation failed", "no_prompt_in_both_train_and_eval", "eval row"]
+
+
+def _wrong_number_of_scores(tmp: Path) -> tuple[list[str], list[str]]:
+    (tmp / "bad_rewards.py").write_text(BAD_REWARDS)
+    rewards = "grpo.rewards=[{name: correctness}, {name: 'bad_rewards:too_few'}]"
+    return [f"code_dir={tmp}", rewards], ["grpo.rewards[1]", "bad_rewards:too_few", "returned 3 scores for 4"]
+
+
+def _non_numeric_scores(tmp: Path) -> tuple[list[str], list[str]]:
+    (tmp / "bad_rewards.py").write_text(BAD_REWARDS)
+    rewards = "grpo.rewards=[{name: 'bad_rewards:words'}]"
+    return [f"code_dir={tmp}", rewards], ["grpo.rewards[0]", "bad_rewards:words", "returned 'good' (str)"]
+
+
+def _prompts_longer_than_context(tmp: Path) -> tuple[list[str], list[str]]:
+    overrides = ["model.tiny.max_positions=16", "data.prompt_template='Please add these numbers: {prompt}'"]
+    expect = ["prompt longer than the model's context", "takes 16 tokens", "train row 0", "model.tiny.max_positions"]
+    return overrides, expect
+
+
+def _fewer_rows_than_a_grpo_batch(tmp: Path) -> tuple[list[str], list[str]]:
+    path = write_rows(tmp / "few.jsonl", additions(10))
+    overrides = from_file(path, "grpo.prompts_per_step=8")
+    return overrides, ["training split has 6 row(s)", "grpo.prompts_per_step=8", "whole batches"]
+
+
+FLOW_CASES = {
+    "missing dataset column": _missing_column,
+    "empty dataset": _empty_dataset,
+    "train/eval overlap": _train_eval_overlap,
+    "reward returns the wrong number of scores": _wrong_number_of_scores,
+    "reward returns non-numbers": _non_numeric_scores,
+    "prompts longer than the model's context": _prompts_longer_than_context,
+    "fewer training rows than one GRPO batch": _fewer_rows_than_a_grpo_batch,
+}
+
+
+@pytest.mark.parametrize("case", list(FLOW_CASES))
+def test_bad_data_or_model_fails_before_training(case: str, tmp_path: Path, prefect_api: str) -> None:
+    overrides, expect = FLOW_CASES[case](tmp_path)
+    code, out = run(tmp_path, *overrides, api=prefect_api)
+    assert code == 1, out[-3000:]
+    assert_rejected(code, out, tmp_path, *expect)
+
+
+def test_duplicate_prompts_and_the_fixed_file_is_prepared_again(tmp_path: Path, prefect_api: str) -> None:
+    """Duplicate prompts are named by row; the failed validation leaves no result behind, so fixing the file in
+    place is enough: the next run prepares it again (and here stops at the next problem, before training)."""
+    rows = additions(20)
+    good = [dict(r) for r in rows]
+    rows[7]["prompt"] = rows[3]["prompt"]
+    path = write_rows(tmp_path / "rows.jsonl", rows)
+    # a second problem, found only once the data is valid: no room for the rollouts in a 16-token context
+    overrides = [*from_file(path), "model.tiny.max_positions=16", "grpo.max_completion_tokens=14"]
+    code, out = run(tmp_path, *overrides, api=prefect_api)
+    assert code == 1, out[-3000:]
+    assert_rejected(code, out, tmp_path, "data validation failed", "no_duplicate_prompts_within_split", "'13+1='")
+    write_rows(path, good)
+    code, out = run(tmp_path, *overrides, api=prefect_api)
+    assert code == 1, out[-3000:]
+    assert_rejected(code, out, tmp_path, "leave too little room for grpo.max_completion_tokens=14", "train row 0")
+    assert "data validation failed" not in out
