@@ -79,6 +79,18 @@ class DataConfig(_Section):
     prompt_template: str = Field(
         default="{prompt}", description="Python format string applied to each row; `{prompt}` is the question."
     )
+    prompt_format: Literal["text", "chat"] = Field(
+        default="text",
+        description="'text': each prompt is the templated question, fed to the model as it is. 'chat': each prompt "
+        "becomes chat messages (the system prompt when set, then the templated question as the user's message; a "
+        "source column that already holds messages is kept), rendered with the tokenizer's chat template for SFT, "
+        "GRPO and evaluation alike (tasks/chat.py).",
+    )
+    system_prompt: str | None = Field(
+        default=None,
+        min_length=1,
+        description="System message put before every chat prompt (prompt_format: chat); none when unset.",
+    )
     answer_pattern: str | None = Field(
         default=None,
         description="Regex with one group that extracts the final answer from the answer column "
@@ -98,6 +110,8 @@ class DataConfig(_Section):
             raise ValueError("data.source is 'hf' but data.hf_name is not set; set data.hf_name=<dataset name or dir>")
         if "{prompt}" not in self.prompt_template:
             raise ValueError("data.prompt_template must contain '{prompt}'")
+        if self.system_prompt is not None and self.prompt_format != "chat":
+            raise ValueError("data.system_prompt is set but data.prompt_format is 'text'; set data.prompt_format=chat")
         return self
 
 

@@ -3,7 +3,8 @@
 Sources: the built-in synthetic arithmetic task (deterministic by seed), a local JSONL/Parquet/CSV file, or a
 Hugging Face dataset (by name, or a local dataset directory). Every source ends as the same columns:
 `prompt` (what the model sees), `answer` (the reference final answer, a string), `completion` (the SFT target),
-plus any `extra_columns` the rewards need.
+plus any `extra_columns` the rewards need. With `prompt_format: chat` the prompt is the JSON of its chat messages
+(tasks/chat.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pandas as pd
 from pydantic import BaseModel
 
 from grpo_pipeline.configs.schema import DataConfig, SyntheticTaskConfig
+from grpo_pipeline.tasks import chat
 from grpo_pipeline.tasks.common import Ref, atomic_dir, fingerprint_path, logger
 from grpo_pipeline.tasks.stage import stage
 
@@ -141,14 +143,14 @@ def map_columns(raw: pd.DataFrame, cfg: DataConfig, origin: str) -> pd.DataFrame
             "Map them with data.prompt_column / data.answer_column / data.extra_columns."
         )
     out = pd.DataFrame(index=raw.index)
-    out["prompt"] = [None if _missing(v) else cfg.prompt_template.format(prompt=v) for v in raw[cfg.prompt_column]]
+    out["prompt"] = [format_prompt(cfg, v, origin) for v in raw[cfg.prompt_column]]
     answers = raw[cfg.answer_column].map(lambda v: None if _missing(v) else str(v))
     if cfg.answer_pattern:
         pattern = re.compile(cfg.answer_pattern, re.MULTILINE | re.DOTALL)
         answers = answers.map(lambda v: _extract(pattern, v))
     out["answer"] = answers
     out["completion"] = (
-        raw[cfg.completion_column].map(lambda v: None if _missing(v) else str(v))
+        raw[cfg.completion_column].map(lambda v: None if _missing(v) else _completion_text(chat.plain(v)))
         if cfg.completion_column
         else out["answer"]
     )
@@ -159,6 +161,35 @@ def map_columns(raw: pd.DataFrame, cfg: DataConfig, origin: str) -> pd.DataFrame
 
 def _missing(v) -> bool:
     return v is None or (isinstance(v, float) and v != v)
+
+
+def _completion_text(value: Any) -> str:
+    """An SFT target as text: a chat completion ([{"role": "assistant", "content": ...}]) gives its last content."""
+    if isinstance(value, list) and value and isinstance(value[-1], dict):
+        return str(value[-1].get("content", ""))
+    return str(value)
+
+
+def format_prompt(cfg: DataConfig, value: Any, origin: str = "the data") -> str | None:
+    """One row's prompt as stored in the splits: the templated question (prompt_format: text), or the JSON of its
+    chat messages (prompt_format: chat; tasks/chat.py). A source value that already holds messages is kept as it
+    is (the system prompt put first when it has none), and validation checks it."""
+    if _missing(value):
+        return None
+    value = chat.plain(value)
+    holds_messages = isinstance(value, list)
+    if cfg.prompt_format == "text":
+        if holds_messages:
+            raise DataError(
+                f"{origin}: column {cfg.prompt_column!r} holds chat messages, not text; set data.prompt_format=chat"
+            )
+        return cfg.prompt_template.format(prompt=value)
+    if not holds_messages:
+        return chat.encode_messages(chat.build_messages(cfg.prompt_template.format(prompt=value), cfg.system_prompt))
+    first = value[0] if value else None
+    if cfg.system_prompt and not (isinstance(first, dict) and first.get("role") == "system"):
+        value = [{"role": "system", "content": cfg.system_prompt}, *value]
+    return chat.encode_messages(value)
 
 
 def _extract(pattern: re.Pattern, value: str | None) -> str | None:
@@ -204,7 +235,7 @@ def load_source(cfg: DataConfig) -> pd.DataFrame:
     """All rows of the configured source, mapped to the standard columns."""
     if cfg.source == "synthetic":
         df = synthetic_arithmetic(cfg.synthetic, cfg.num_train + cfg.num_eval, cfg.seed)
-        df["prompt"] = [cfg.prompt_template.format(prompt=p) for p in df["prompt"]]
+        df["prompt"] = [format_prompt(cfg, p) for p in df["prompt"]]
         df["completion"] = df["answer"]
         return df
     if cfg.source == "file":

@@ -1,7 +1,9 @@
 """Stage 5, evaluate: greedy accuracy, unbiased pass@k, maj@k and reward means on the held-out split.
 
-Generation is batched (left padding). A completion counts as correct when the configured correctness reward gives
-it 1.0, the same function GRPO trains on, so training and evaluation cannot disagree about what "correct" means.
+Generation is batched (left padding); chat prompts are rendered with the model's chat template first, as GRPO
+renders them (tasks/chat.py), and their items keep the rendered text (`prompt_text`). A completion counts as
+correct when the configured correctness reward gives it 1.0, the same function GRPO trains on, so training and
+evaluation cannot disagree about what "correct" means.
 Every item's scores are kept (`items.jsonl`): the promotion gate compares two models item by item
 (tasks/register.py), and `grpo-pipeline eval` reuses `evaluate_model` outside the pipeline.
 """
@@ -22,6 +24,7 @@ from grpo_pipeline.configs.schema import EvalConfig, RewardSpec
 from grpo_pipeline.rewards import build_reward
 from grpo_pipeline.rewards.math import answer_key
 from grpo_pipeline.rewards.registry import completion_text
+from grpo_pipeline.tasks.chat import as_completion, as_prompt, render_prompt
 from grpo_pipeline.tasks.common import Checkpoint, Ref, atomic_dir, logger
 from grpo_pipeline.tasks.data import read_table
 from grpo_pipeline.tasks.metrics import bootstrap_ci, majority_correct, mean_pass_at_k, pass_at_k
@@ -93,7 +96,7 @@ def item_id(prompt: Any) -> str:
 def generate(
     model,
     tokenizer,
-    prompts: list[str],
+    prompts: Sequence[Any],
     *,
     max_new_tokens: int,
     batch_size: int,
@@ -102,7 +105,8 @@ def generate(
     top_p: float = 1.0,
     desc: str = "generate",
 ) -> list[list[str]]:
-    """Completions for each prompt: greedy when `n` is 1, else `n` samples. Batched over prompts (left padding)."""
+    """Completions for each prompt: greedy when `n` is 1, else `n` samples. Batched over prompts (left padding).
+    A chat prompt is rendered with the tokenizer's chat template first (`render_prompt`)."""
     import torch
 
     sample = n > 1
@@ -110,7 +114,7 @@ def generate(
     starts = range(0, len(prompts), per_batch)
     out: list[list[str]] = []
     for start in tqdm(starts, desc=desc, unit="batch", leave=False, disable=len(starts) <= 1):
-        batch = prompts[start : start + per_batch]
+        batch = [render_prompt(tokenizer, p) for p in prompts[start : start + per_batch]]
         enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
         with torch.no_grad():
             gen = model.generate(
@@ -130,21 +134,23 @@ def generate(
 
 
 def reward_columns(rows: pd.DataFrame, n: int) -> tuple[list[Any], dict[str, list[Any]]]:
-    """The prompts and the reward columns of `rows`, each repeated `n` times (one entry per completion); the SFT
-    target column `completion` is not passed on."""
+    """The prompts (a chat prompt as its messages, as GRPOTrainer passes it) and the reward columns of `rows`, each
+    repeated `n` times (one entry per completion); the SFT target column `completion` is not passed on."""
     columns = {
         col: [v for v in rows[col].tolist() for _ in range(n)]
         for col in rows.columns
         if col not in ("prompt", "completion")
     }
-    return [p for p in rows["prompt"].tolist() for _ in range(n)], columns
+    return [as_prompt(p) for p in rows["prompt"].tolist() for _ in range(n)], columns
 
 
 def reward_scores(reward, rows: pd.DataFrame, completions: list[list[str]]) -> list[list[float | None]]:
-    """The reward of every completion of every row, in one reward call."""
+    """The reward of every completion of every row, in one reward call (a chat row's completions as assistant
+    messages, as GRPOTrainer passes them)."""
     n = len(completions[0])
     prompts, columns = reward_columns(rows, n)
-    scores = reward(prompts=prompts, completions=[c for group in completions for c in group], **columns)
+    flat = [as_completion(p, c) for p, c in zip(prompts, [c for group in completions for c in group], strict=True)]
+    scores = reward(prompts=prompts, completions=flat, **columns)
     return [list(scores[i * n : (i + 1) * n]) for i in range(len(rows))]
 
 
@@ -159,8 +165,10 @@ def score_items(
     sampled: list[list[str]],
     cfg: EvalConfig,
     rewards: Sequence[RewardSpec] = (),
+    prompt_texts: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every item's scores from its greedy completion and its n samples (see `EvalResult.items`)."""
+    """Every item's scores from its greedy completion and its n samples (see `EvalResult.items`); with
+    `prompt_texts` (the rendered chat prompts), each item keeps the text the model read as `prompt_text`."""
     correctness = build_reward(cfg.correctness_reward)
     greedy_ok = [g[0] for g in score_completions(correctness, rows, [[g] for g in greedy])]
     sampled_ok = score_completions(correctness, rows, sampled)
@@ -174,6 +182,7 @@ def score_items(
             {
                 "id": item_id(prompt),
                 "prompt": prompt,
+                **({"prompt_text": prompt_texts[i]} if prompt_texts is not None else {}),
                 "answer": answer,
                 "greedy": greedy[i],
                 "greedy_correct": int(greedy_ok[i]),
@@ -259,14 +268,16 @@ def evaluate_model(
     model = AutoModelForCausalLM.from_pretrained(model_path)
     model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
     prompts = rows["prompt"].tolist()
+    texts = [render_prompt(tokenizer, p) for p in prompts]  # a chat prompt as the model reads it
     settings = {"max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size}
     torch.manual_seed(seed)
-    greedy = generate(model, tokenizer, prompts, **settings, desc=f"eval {label} greedy")
+    greedy = generate(model, tokenizer, texts, **settings, desc=f"eval {label} greedy")
     sampled = generate(
-        model, tokenizer, prompts, **settings, n=cfg.n_samples, temperature=cfg.temperature, top_p=cfg.top_p,
+        model, tokenizer, texts, **settings, n=cfg.n_samples, temperature=cfg.temperature, top_p=cfg.top_p,
         desc=f"eval {label} pass@k",
     )  # fmt: skip
-    items = score_items(rows, [g[0] for g in greedy], sampled, cfg, rewards)
+    chat = texts != prompts
+    items = score_items(rows, [g[0] for g in greedy], sampled, cfg, rewards, prompt_texts=texts if chat else None)
     with atomic_dir(out) as tmp, open(tmp / ITEMS_FILE, "w") as f:
         for it in items:
             f.write(json.dumps(it) + "\n")

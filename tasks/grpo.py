@@ -5,6 +5,9 @@ the reward functions, and uses each completion's reward relative to its group (r
 so no value model is needed. Iterative GRPO (sec. 4.2) is a sequence of rounds: each round starts from the last
 round's policy and, because TRL builds the reference model from the starting checkpoint's *path*, the reference
 is reset to that policy too (only matters when beta > 0).
+
+Chat prompts (data.prompt_format: chat) reach GRPOTrainer as messages: it renders them with the tokenizer's chat
+template and hands the rewards each completion as an assistant message (tasks/chat.py).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import pandas as pd
 
 from grpo_pipeline.configs.schema import GRPOConfig, ModelConfig
 from grpo_pipeline.rewards import build_rewards
+from grpo_pipeline.tasks.chat import conversational_dataset
 from grpo_pipeline.tasks.common import Checkpoint, Ref
 from grpo_pipeline.tasks.stage import RunContext, stage, user_code
 from grpo_pipeline.tasks.training import load_split, train_policy, vllm_available
@@ -100,7 +104,7 @@ def grpo_train(
             model=start.path,
             reward_funcs=reward_fns,
             args=trl_grpo_args(cfg, common, weights),
-            train_dataset=dataset,
+            train_dataset=conversational_dataset(dataset, tokenizer, start.path),
             processing_class=tokenizer,
             callbacks=callbacks,
         )

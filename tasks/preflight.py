@@ -30,6 +30,7 @@ from pydantic import BaseModel
 from grpo_pipeline.configs.schema import EvalConfig, GRPOConfig, PipelineConfig
 from grpo_pipeline.rewards import build_reward
 from grpo_pipeline.rewards.registry import RewardError
+from grpo_pipeline.tasks.chat import ChatTemplateError, as_completion, render_prompt
 from grpo_pipeline.tasks.common import Checkpoint, logger
 from grpo_pipeline.tasks.data import DatasetRefs
 from grpo_pipeline.tasks.model import check_base_path
@@ -155,7 +156,7 @@ def reward_problems(rows: pd.DataFrame, entries: Sequence[tuple[str, str, dict[s
     from grpo_pipeline.tasks.evaluate import reward_columns
 
     prompts, columns = reward_columns(rows, 1)
-    completions = rows["completion"].tolist()
+    completions = [as_completion(p, c) for p, c in zip(prompts, rows["completion"], strict=True)]  # chat: messages
     where = f"on the first {len(rows)} training rows, with their SFT completions as completions"
     problems = []
     for field, name, params in entries:
@@ -206,8 +207,15 @@ def context_problems(
         tokenizer = load_tokenizer(base.path)
     except (OSError, ValueError) as e:
         return [f"model.base {name!r} cannot be loaded from {base.path}: {e}"], None, 0
-    prompts = {"train": _token_counts(tokenizer, train["prompt"]), "eval": _token_counts(tokenizer, held_out["prompt"])}
-    texts = {"train": train["prompt"], "eval": held_out["prompt"]}
+    # A chat prompt (data.prompt_format: chat) counts as the model reads it: rendered with the chat template.
+    try:
+        texts = {
+            split: pd.Series([render_prompt(tokenizer, p) for p in rows["prompt"]], dtype=object)
+            for split, rows in (("train", train), ("eval", held_out))
+        }
+    except ChatTemplateError as e:
+        return [f"model.base {name!r}: {e}"], None, 0
+    prompts = {"train": _token_counts(tokenizer, texts["train"]), "eval": _token_counts(tokenizer, texts["eval"])}
     longest = max([*prompts["train"], *prompts["eval"]], default=0)
     found = model_context(config)
     if found is None:

@@ -1,7 +1,9 @@
 """Stage 3, sft_warmup: supervised fine-tuning on prompt/completion pairs with TRL's SFTTrainer.
 
 The loss is on completion tokens only (TRL's default for prompt-completion data), and TRL appends the EOS token
-to each completion, so the model learns to stop.
+to each completion, so the model learns to stop. Chat prompts (data.prompt_format: chat) go to TRL in its
+conversational prompt-completion format, so the tokenizer's chat template frames both (its end of the assistant's
+turn then ends the completion).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpo_pipeline.configs.schema import ModelConfig, SFTConfig
+from grpo_pipeline.tasks.chat import conversational_dataset
 from grpo_pipeline.tasks.common import Checkpoint, Ref
 from grpo_pipeline.tasks.stage import RunContext, stage
 from grpo_pipeline.tasks.training import load_split, train_policy
@@ -41,7 +44,8 @@ def sft_warmup(
             per_device_train_batch_size=cfg.batch_size,
             logging_steps=10,
         )
-        return SFTTrainer(model=base.path, args=args, train_dataset=dataset, processing_class=tokenizer)
+        train_dataset = conversational_dataset(dataset, tokenizer, base.path)
+        return SFTTrainer(model=base.path, args=args, train_dataset=train_dataset, processing_class=tokenizer)
 
     return train_policy(
         base,

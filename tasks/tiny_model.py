@@ -19,15 +19,30 @@ from grpo_pipeline.tasks.common import atomic_dir
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
 # Every printable ASCII character plus newline, so any English prompt tokenizes without <unk>.
 CHARACTERS = [c for c in string.printable if c not in "\t\r\x0b\x0c"]
+# A small chat template (data.prompt_format: chat) written in characters the vocabulary already has, so the
+# vocabulary and the model's weights are the same with or without it:
+#   <|system|>Add the numbers.\n<|user|>12+7=\n<|assistant|>19</s>
+# The prompt rendered with add_generation_prompt ends at "<|assistant|>" and is a prefix of the prompt with its
+# answer, so TRL's SFT trains on the answer and the EOS that closes the assistant's turn (the model learns to stop).
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{ '<|' + message['role'] + '|>' + message['content'] }}"
+    "{%- if message['role'] == 'assistant' %}{{ eos_token }}{% else %}{{ '\n' }}{% endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt %}{{ '<|assistant|>' }}{% endif -%}"
+)
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
-    """A char-level tokenizer: one token per character; special tokens are matched whole."""
+    """A char-level tokenizer: one token per character; special tokens are matched whole. It carries a chat
+    template (`CHAT_TEMPLATE`) for chat-formatted prompts."""
     vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS.values(), *CHARACTERS])}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=SPECIAL_TOKENS["unk_token"]))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")  # every char its own piece
     tok.decoder = decoders.Fuse()  # join tokens without spaces
-    return PreTrainedTokenizerFast(tokenizer_object=tok, padding_side="left", **SPECIAL_TOKENS)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, padding_side="left", chat_template=CHAT_TEMPLATE, **SPECIAL_TOKENS
+    )
 
 
 def build_tiny_model(cfg: TinyModelConfig, out_dir: str | Path, seed: int) -> Path:

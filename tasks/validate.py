@@ -3,7 +3,9 @@
 Both splits are validated together so that the contract can see across them (no prompt may be in both). Prompts
 are compared with their whitespace collapsed: `"12+7="` and `"12+7= "` are one question, and the split, which
 works on exact strings, can put such a pair on both sides. Every failing row is reported with its split, row
-number, column and check; nothing downstream runs on bad data.
+number, column and check; nothing downstream runs on bad data. Chat prompts (data.prompt_format: chat, stored as
+the JSON of their messages, tasks/chat.py) must each be well-formed messages, and their length is that of their
+messages' content.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pandera.errors import SchemaErrors
 from pandera.typing import Series
 
 from grpo_pipeline.configs.schema import DataConfig
+from grpo_pipeline.tasks import chat
 from grpo_pipeline.tasks.data import DatasetRefs
 from grpo_pipeline.tasks.stage import stage
 
@@ -27,12 +30,23 @@ class DataValidationError(ValueError):
 
 
 def same_question(prompts: pd.Series) -> pd.Series:
-    """The key under which two prompts count as the same question: the text with runs of whitespace collapsed."""
-    return prompts.map(lambda p: " ".join(p.split()) if isinstance(p, str) else p)
+    """The key under which two prompts count as the same question: the text with runs of whitespace collapsed (of
+    a chat prompt: its roles and contents)."""
+    return prompts.map(lambda p: " ".join(_prompt_words(p)) if isinstance(p, str) else p)
 
 
-def make_schema(min_prompt_chars: int, max_prompt_chars: int) -> type[pa.DataFrameModel]:
-    """The contract, with the configured prompt length bounds."""
+def _prompt_words(prompt: str) -> list[str]:
+    messages = chat.decode_messages(prompt)
+    if messages is None:
+        return prompt.split()
+    return [word for m in messages for word in [f"<{m['role']}>", *m["content"].split()]]
+
+
+CHAT_CHECK = "prompt_is_chat_messages"
+
+
+def make_schema(min_prompt_chars: int, max_prompt_chars: int, chat_prompts: bool = False) -> type[pa.DataFrameModel]:
+    """The contract, with the configured prompt length bounds; with `chat_prompts`, for JSON chat messages."""
 
     class PromptDataset(pa.DataFrameModel):
         split: Series[str] = pa.Field(isin=["train", "eval"])
@@ -64,7 +78,26 @@ def make_schema(min_prompt_chars: int, max_prompt_chars: int) -> type[pa.DataFra
             strict = False
             coerce = False
 
-    return PromptDataset
+    if not chat_prompts:
+        return PromptDataset
+
+    class ChatPromptDataset(PromptDataset):
+        prompt: Series[str] = pa.Field(nullable=False)  # the length bounds apply to the content, not to the JSON
+
+        @pa.check("prompt", name=CHAT_CHECK)
+        def _well_formed(cls, s: Series[str]) -> Series[bool]:
+            return s.map(lambda p: chat.message_problem(p) is None)
+
+        @pa.check("prompt", name="chat_content_length")
+        def _content_length(cls, s: Series[str]) -> Series[bool]:
+            return s.map(
+                lambda p: (
+                    chat.message_problem(p) is not None  # reported by the check above, not twice
+                    or min_prompt_chars <= chat.prompt_chars(p) <= max_prompt_chars
+                )
+            )
+
+    return ChatPromptDataset
 
 
 def _describe(failures: pd.DataFrame, combined: pd.DataFrame, limit: int = 50) -> str:
@@ -77,11 +110,12 @@ def _describe(failures: pd.DataFrame, combined: pd.DataFrame, limit: int = 50) -
             lines.append(f"  - column {f['column']!r}: check {f['check']!r} failed ({f['failure_case']!r})")
             continue
         row = combined.loc[int(idx)]
-        prompt = str(row["prompt"])[:60]
+        prompt = chat.preview(row["prompt"])[:60]
+        why = f": {chat.message_problem(row['prompt'])}" if f["check"] == CHAT_CHECK else ""
         lines.append(
             f"  - {row['split']} row {int(row['row'])}: "
             + (f"column {f['column']!r} " if f["schema_context"] == "Column" else "")
-            + f"failed {f['check']!r} (prompt {prompt!r})"
+            + f"failed {f['check']!r}{why} (prompt {prompt!r})"
         )
     more = len(lines) - limit
     return "\n".join(lines[:limit] + ([f"  ... and {more} more"] if more > 0 else []))
@@ -96,7 +130,7 @@ def validate_frames(train: pd.DataFrame, held_out: pd.DataFrame, cfg: DataConfig
     for col in ("prompt", "answer", "completion"):
         if col not in combined:
             raise DataValidationError(f"the prepared data has no {col!r} column", pd.DataFrame())
-    schema = make_schema(cfg.min_prompt_chars, cfg.max_prompt_chars)
+    schema = make_schema(cfg.min_prompt_chars, cfg.max_prompt_chars, chat_prompts=cfg.prompt_format == "chat")
     try:
         schema.validate(combined, lazy=True)
     except SchemaErrors as e:
