@@ -176,6 +176,62 @@ class RewardSpec(_Section):
     params: dict[str, Any] = Field(default={}, description="Keyword arguments for the reward's factory.")
 
 
+class DifficultyFilterConfig(_Section):
+    """Between GRPO rounds, train only on the prompts the current policy sometimes but not always solves (DAPO's
+    dynamic sampling, Yu et al. 2025 sec. 3.2, applied to the dataset once per round): a prompt it always or never
+    solves gives a group with one reward, zero advantage and no gradient. See tasks/difficulty.py."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Filter the training prompts before each GRPO round from round 2 on (and before round 1 with "
+        "`before_first_round`).",
+    )
+    before_first_round: bool = Field(
+        default=False, description="Also filter before round 1, with the SFT (or base) policy."
+    )
+    samples_per_prompt: int = Field(
+        default=8,
+        ge=2,
+        description="Completions sampled per prompt (at the rollout temperature) to estimate its pass rate.",
+    )
+    min_pass_rate: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="Keep a prompt only when its pass rate (correct samples / samples_per_prompt) is strictly above "
+        "this; 0 drops the prompts no sample solves.",
+    )
+    max_pass_rate: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="Keep a prompt only when its pass rate is strictly below this; 1 drops the prompts every sample "
+        "solves.",
+    )
+    max_prompts: int | None = Field(
+        default=None,
+        ge=1,
+        description="Score at most this many training prompts (a seeded random subset, for speed); the round trains "
+        "only on the kept ones among them. None scores them all.",
+    )
+
+    @model_validator(mode="after")
+    def _bounds_leave_a_rate(self) -> DifficultyFilterConfig:
+        if self.min_pass_rate >= self.max_pass_rate:
+            raise ValueError(
+                f"min_pass_rate ({self.min_pass_rate}) must be below max_pass_rate ({self.max_pass_rate}); prompts "
+                "are kept when min_pass_rate < pass rate < max_pass_rate"
+            )
+        n = self.samples_per_prompt
+        if not any(self.min_pass_rate < c / n < self.max_pass_rate for c in range(n + 1)):
+            raise ValueError(
+                f"no pass rate c/{n} lies strictly between min_pass_rate ({self.min_pass_rate}) and max_pass_rate "
+                f"({self.max_pass_rate}), so every prompt would be dropped; widen the bounds or raise "
+                "samples_per_prompt"
+            )
+        return self
+
+
 class GRPOConfig(_Section):
     rounds: int = Field(
         default=1, ge=1, description="Iterative GRPO rounds; each starts from the last policy and resets the reference."
@@ -225,6 +281,13 @@ class GRPOConfig(_Section):
         "training for the learning curve (MLflow metric probe/greedy_accuracy); 0 turns the probe off.",
     )
     probe_every_steps: int = Field(default=50, ge=1, description="Steps between two held-out accuracy probes.")
+    # Unkeyed: the filter reaches a round only through the split it writes, whose fingerprint the round is keyed on;
+    # keying the round on these settings too would rerun round 1 when the filter is switched on for later rounds.
+    difficulty_filter: DifficultyFilterConfig = Field(
+        default_factory=DifficultyFilterConfig,
+        json_schema_extra=UNKEYED,
+        description="Train each round on the prompts of intermediate difficulty for its starting policy.",
+    )
 
 
 class EvalConfig(_Section):

@@ -1,7 +1,7 @@
 """The pipeline as one Prefect flow. It reads top to bottom like the DAG it runs:
 
     prepare_data -> validate_data -> base_model -> sft_warmup -> evaluate(sft)
-        -> [round r = 1..R: grpo_train(r) -> evaluate(r) -> register(r)]
+        -> [round r = 1..R: (difficulty_filter(r)) -> grpo_train(r) -> evaluate(r) -> register(r)]
 
 Each stage is a thin Prefect task over a plain function in tasks/ (usable without Prefect). Tasks exchange paths
 plus content fingerprints, never models or DataFrames. A stage's cache key is the one key that also names its
@@ -27,6 +27,8 @@ from grpo_pipeline.runtime import setup
 from grpo_pipeline.tasks.common import damaged
 from grpo_pipeline.tasks.data import DataError
 from grpo_pipeline.tasks.data import prepare_data as _prepare_data
+from grpo_pipeline.tasks.difficulty import DifficultyResult, Rollouts, filters_round
+from grpo_pipeline.tasks.difficulty import filter_by_difficulty as _filter_by_difficulty
 from grpo_pipeline.tasks.evaluate import EvalResult
 from grpo_pipeline.tasks.evaluate import evaluate as _evaluate
 from grpo_pipeline.tasks.grpo import grpo_train as _grpo_train
@@ -74,6 +76,7 @@ validate_data = stage_task(_validate_data, "validate_data")
 base_model = stage_task(prepare_base_model, "base_model")
 check_inputs = stage_task(_check_inputs, "check_inputs")
 sft_warmup = stage_task(_sft_warmup, "sft_warmup")
+difficulty_filter = stage_task(_filter_by_difficulty, "difficulty_filter", task_run_name="difficulty_filter-{label}")
 grpo_train = stage_task(_grpo_train, "grpo_train", task_run_name="grpo_train-r{round_index}")
 # The same stage on another work pool (grpo.work_pool), keyed like the local one. Not retried here: a failed round
 # fails the pipeline with the round's own error (the child flow run keeps its logs).
@@ -141,18 +144,34 @@ def grpo_pipeline(
     baseline = _run(records, "evaluate-sft", evaluate, policy, data.eval, cfg.eval, ctx, label="sft", rewards=rewards)
 
     rounds: list[tuple[EvalResult, Registration | None]] = []
+    filters: list[DifficultyResult] = []
     grpo = grpo_train if cfg.grpo.work_pool is None else grpo_train_remote
     # Lineage: a round's parent is the version registered for the round before it, else the base model by name.
     parent_model = base.lineage
     for r in range(1, cfg.grpo.rounds + 1):
-        start = policy
+        start, train = policy, data.train
+        if filters_round(cfg.grpo.difficulty_filter, r):  # train on the prompts `start` sometimes, not always, solves
+            kept = _run(
+                records,
+                f"difficulty_filter-r{r}",
+                difficulty_filter,
+                start,
+                data.train,
+                cfg.grpo.difficulty_filter,
+                Rollouts.of(cfg),
+                ctx,
+                f"r{r}",
+                min_kept=cfg.grpo.prompts_per_step,
+            )
+            filters.append(kept)
+            train = kept.train
         # Each round starts from the previous policy; TRL builds the reference model from it (reset per round).
         policy = _run(
             records,
             f"grpo_train-r{r}",
             grpo,
             start,
-            data.train,
+            train,
             cfg.grpo,
             model_cfg,
             r,
@@ -169,7 +188,7 @@ def grpo_pipeline(
             tags = {
                 "config_hash": cfg.fingerprint(),
                 "recipe": cfg.name,
-                "data_fingerprint": data.train.fingerprint,
+                "data_fingerprint": train.fingerprint,  # what this round trained on (filtered or not)
                 "parent_model": parent_model,
                 "parent_run_id": start.run_id or "",
                 "round": str(r),
@@ -180,7 +199,7 @@ def grpo_pipeline(
             parent_model = registration.model_uri
         rounds.append((result, registration))
 
-    summary = Summary.build(cfg, records, baseline, rounds)
+    summary = Summary.build(cfg, records, baseline, rounds, filters)
     markdown = summary.to_markdown()
     create_markdown_artifact(markdown=markdown, key="grpo-pipeline-summary", description="Run summary")
     create_table_artifact(

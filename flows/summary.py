@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from grpo_pipeline.configs.schema import PipelineConfig
+from grpo_pipeline.tasks.difficulty import DifficultyResult
 from grpo_pipeline.tasks.evaluate import EvalResult
 from grpo_pipeline.tasks.gate import item_metric
 from grpo_pipeline.tasks.metrics import paired_bootstrap_ci
@@ -77,6 +78,7 @@ class Summary(BaseModel):
     registrations: list[Registration]
     eval_settings: dict[str, float | int]
     rounds: list[RoundRow] = []
+    difficulty_filters: list[DifficultyResult] = []
 
     @classmethod
     def build(
@@ -85,6 +87,7 @@ class Summary(BaseModel):
         stages: list[StageRecord],
         baseline: EvalResult,
         rounds: list[tuple[EvalResult, Registration | None]],
+        difficulty_filters: list[DifficultyResult] | None = None,
     ) -> Summary:
         scores = [ScoreRow.of("sft" if cfg.sft.enabled else "base", baseline)]
         scores += [ScoreRow.of(f"grpo round {i}", r) for i, (r, _) in enumerate(rounds, 1)]
@@ -104,6 +107,7 @@ class Summary(BaseModel):
                 "max_new_tokens": baseline.max_new_tokens,
                 "seed": baseline.seed,
             },
+            difficulty_filters=difficulty_filters or [],
         )
 
     @property
@@ -147,6 +151,8 @@ class Summary(BaseModel):
                 "|---|---:|---|",
                 *(row.shown() for row in self.rounds),
             ]
+        if self.difficulty_filters:
+            lines += ["", *(f"Difficulty filter before {f.label}: {f.describe()}." for f in self.difficulty_filters)]
         if self.registrations:
             lines += [
                 "",
