@@ -32,6 +32,7 @@ from grpo_pipeline.tasks.difficulty import filter_by_difficulty as _filter_by_di
 from grpo_pipeline.tasks.evaluate import EvalResult
 from grpo_pipeline.tasks.evaluate import evaluate as _evaluate
 from grpo_pipeline.tasks.grpo import grpo_train as _grpo_train
+from grpo_pipeline.tasks.health import TrainingHealthError
 from grpo_pipeline.tasks.model import pin_registered, prepare_base_model
 from grpo_pipeline.tasks.preflight import PreflightError, check_config
 from grpo_pipeline.tasks.preflight import check_inputs as _check_inputs
@@ -44,7 +45,8 @@ from grpo_pipeline.tasks.validate import validate_data as _validate_data
 # Bad input: the user's to fix, reported as one message without a traceback (grpo_pipeline/cli.py).
 BAD_INPUT = (ConfigError, DataError, DataValidationError, RewardError, PreflightError)
 # Bad input is not retried: a second try would fail the same way and only delay the error.
-NOT_RETRIED = (*BAD_INPUT, FileNotFoundError, ValueError, TypeError)
+# A round stopped by a training-health alarm (monitors.fail_fast, NaN weights) would train into the same alarm again.
+NOT_RETRIED = (*BAD_INPUT, TrainingHealthError, FileNotFoundError, ValueError, TypeError)
 
 
 def retry_unless_bad_input(task: Task, task_run: Any, state: Any) -> bool:
@@ -145,6 +147,7 @@ def grpo_pipeline(
 
     rounds: list[tuple[EvalResult, Registration | None]] = []
     filters: list[DifficultyResult] = []
+    alarms: list[tuple[str, ...]] = []  # each round's training-health alarms, for the summary
     grpo = grpo_train if cfg.grpo.work_pool is None else grpo_train_remote
     # Lineage: a round's parent is the version registered for the round before it, else the base model by name.
     parent_model = base.lineage
@@ -179,7 +182,9 @@ def grpo_pipeline(
             held_out=data.eval,
             correctness_reward=cfg.eval.correctness_reward,
             code_dir=cfg.code_dir,
+            monitors=cfg.monitors,
         )
+        alarms.append(policy.alarms)
         result = _run(
             records, f"evaluate-r{r}", evaluate, policy, data.eval, cfg.eval, ctx, label=f"r{r}", rewards=rewards
         )
@@ -199,7 +204,7 @@ def grpo_pipeline(
             parent_model = registration.model_uri
         rounds.append((result, registration))
 
-    summary = Summary.build(cfg, records, baseline, rounds, filters)
+    summary = Summary.build(cfg, records, baseline, rounds, filters, alarms=alarms)
     markdown = summary.to_markdown()
     create_markdown_artifact(markdown=markdown, key="grpo-pipeline-summary", description="Run summary")
     create_table_artifact(

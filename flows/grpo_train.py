@@ -14,7 +14,7 @@ from typing import Any
 from prefect import flow
 from prefect.deployments import run_deployment
 
-from grpo_pipeline.configs.schema import GRPOConfig, ModelConfig
+from grpo_pipeline.configs.schema import GRPOConfig, ModelConfig, MonitorsConfig
 from grpo_pipeline.runtime import add_import_paths, setup
 from grpo_pipeline.tasks.common import Checkpoint, Ref
 from grpo_pipeline.tasks.grpo import grpo_train
@@ -33,14 +33,18 @@ def grpo_train_flow(
     held_out: Ref | None = None,
     correctness_reward: str = "correctness",
     code_dir: str | None = None,
+    monitors: MonitorsConfig | None = None,
 ) -> Checkpoint:
-    """Train one GRPO round from `start` and publish the checkpoint to MLflow (its `uri`)."""
+    """Train one GRPO round from `start` and publish the checkpoint to MLflow (its `uri`); `monitors` sets its
+    training-health alarms, which come back with the checkpoint."""
     setup()
     add_import_paths(code_dir)  # the user's reward modules, beside the recipe
     # On a machine without the pipeline's disk, fetch the inputs the pipeline published (a no-op where they are here).
     start, train = materialize(start, ctx.run_dir), materialize(train, ctx.run_dir)
     held_out = materialize(held_out, ctx.run_dir) if held_out is not None else None
-    policy = grpo_train(start, train, cfg, model_cfg, round_index, ctx, held_out, correctness_reward, code_dir)
+    policy = grpo_train(
+        start, train, cfg, model_cfg, round_index, ctx, held_out, correctness_reward, code_dir, monitors=monitors
+    )
     return publish(policy, ctx.run_dir, ctx.experiment)
 
 
@@ -54,13 +58,14 @@ def remote_grpo_train(
     held_out: Ref | None = None,
     correctness_reward: str = "correctness",
     code_dir: str | None = None,
+    monitors: MonitorsConfig | None = None,
 ) -> Checkpoint:
     """`grpo_train` through the deployment `grpo-train/<cfg.work_pool>`; waits for it and returns its checkpoint,
     fetched here when its path is not. A failed child fails this call with the child's error."""
     start, (train, held_out) = share_inputs(start, [train, held_out], ctx, f"grpo-r{round_index}")
     params: dict[str, Any] = {
         "start": start, "train": train, "cfg": cfg, "model_cfg": model_cfg, "round_index": round_index, "ctx": ctx,
-        "held_out": held_out, "correctness_reward": correctness_reward, "code_dir": code_dir,
+        "held_out": held_out, "correctness_reward": correctness_reward, "code_dir": code_dir, "monitors": monitors,
     }  # fmt: skip
     child = run_deployment(
         f"grpo-train/{cfg.work_pool}",

@@ -79,6 +79,8 @@ class Summary(BaseModel):
     eval_settings: dict[str, float | int]
     rounds: list[RoundRow] = []
     difficulty_filters: list[DifficultyResult] = []
+    # Each GRPO round's training-health alarms (tasks/health.py), in round order; empty lists for healthy rounds.
+    health: list[list[str]] = []
 
     @classmethod
     def build(
@@ -88,6 +90,7 @@ class Summary(BaseModel):
         baseline: EvalResult,
         rounds: list[tuple[EvalResult, Registration | None]],
         difficulty_filters: list[DifficultyResult] | None = None,
+        alarms: list[tuple[str, ...]] | None = None,
     ) -> Summary:
         scores = [ScoreRow.of("sft" if cfg.sft.enabled else "base", baseline)]
         scores += [ScoreRow.of(f"grpo round {i}", r) for i, (r, _) in enumerate(rounds, 1)]
@@ -108,6 +111,7 @@ class Summary(BaseModel):
                 "seed": baseline.seed,
             },
             difficulty_filters=difficulty_filters or [],
+            health=[list(a) for a in alarms or []],
         )
 
     @property
@@ -153,6 +157,8 @@ class Summary(BaseModel):
             ]
         if self.difficulty_filters:
             lines += ["", *(f"Difficulty filter before {f.label}: {f.describe()}." for f in self.difficulty_filters)]
+        if self.health:
+            lines += ["", *self.health_lines()]
         if self.registrations:
             lines += [
                 "",
@@ -161,6 +167,17 @@ class Summary(BaseModel):
             ]
             lines += [_registration_row(r) for r in self.registrations]
         return "\n".join(lines)
+
+    def health_lines(self) -> list[str]:
+        """The "Training health" part: each round's alarms, or one line saying that every round was healthy."""
+        if not any(self.health):
+            return [f"Training health: all {len(self.health)} GRPO round(s) healthy, no alarm (monitors.*)."]
+        header = "Training health (monitors.*; a round with alarms takes champion only with registry.allow_unhealthy):"
+        lines = [header, ""]
+        for i, alarms in enumerate(self.health, 1):
+            lines.append(f"- round {i}: {f'{len(alarms)} alarm(s)' if alarms else 'healthy'}")
+            lines += [f"  - {alarm}" for alarm in alarms]
+        return lines
 
 
 def _registration_row(r: Registration) -> str:

@@ -83,6 +83,8 @@ class Checkpoint(Ref):
     stage: str = "base"
     # Set when training continued from a periodic checkpoint of an interrupted attempt (tasks/checkpoints.py).
     resumed_from_step: int | None = None
+    # Training-health alarms a GRPO round raised (tasks/health.py), one line each; empty for a healthy round.
+    alarms: tuple[str, ...] = ()
 
     @property
     def on_hub(self) -> bool:

@@ -5,11 +5,16 @@ its run, or a fresh evaluation of the champion on this eval set when it was scor
 different settings). The difference in the gating metric is resampled item by item (paired bootstrap, Efron &
 Tibshirani 1993, ch. 13; `tasks.metrics.paired_bootstrap_ci`), and the challenger is promoted only when the lower
 bound of its 95% interval is above `registry.min_delta`. The first version of a model is the champion.
+
+A GRPO round that raised a training-health alarm (tasks/health.py) is registered as challenger only, whatever the
+comparison says, unless `registry.allow_unhealthy`: a score that rose while the policy collapsed or the loss went
+NaN is not one to serve.
 """
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +24,7 @@ from pydantic import BaseModel
 from grpo_pipeline.configs.schema import RegistryConfig
 from grpo_pipeline.tasks.common import Ref, logger
 from grpo_pipeline.tasks.evaluate import ITEMS_FILE, EvalResult, evaluate_model
+from grpo_pipeline.tasks.health import alarm_kinds
 from grpo_pipeline.tasks.metrics import paired_bootstrap_ci
 from grpo_pipeline.tasks.stage import RunContext
 
@@ -44,9 +50,14 @@ class GateDecision(BaseModel):
     delta: float | None = None
     ci_low: float | None = None
     ci_high: float | None = None
+    # The training-health clause ("" for a healthy round) and whether it alone kept the version from champion.
+    health: str = ""
+    held_back: bool = False
 
     @property
     def decision(self) -> str:
+        if self.held_back:
+            return "unhealthy"
         if self.champion_version is None:
             return "first"
         return "promoted" if self.promote else "kept champion"
@@ -59,11 +70,13 @@ class GateDecision(BaseModel):
     def from_tags(cls, tags: dict[str, str]) -> GateDecision:
         fields = {k.removeprefix(TAG): v for k, v in tags.items() if k.startswith(TAG) and k != f"{TAG}decision"}
         fields["promote"] = fields.get("promote") == "True"
+        fields["held_back"] = fields.get("held_back") == "True"
         return cls.model_validate(fields)
 
     def explain(self) -> str:
         if self.champion_version is None:
-            return f"first version, {self.metric} {self.challenger:.4f} on {self.n} items"
+            first = f"first version, {self.metric} {self.challenger:.4f} on {self.n} items"
+            return f"{first}; {self.health}" if self.health else first
         return (
             f"{self.metric} {self.challenger:.4f} vs champion v{self.champion_version} {self.champion:.4f} on the same "
             f"{self.n} items: difference {self.delta:+.4f}, 95% CI [{self.ci_low:+.4f}, {self.ci_high:+.4f}]; "
@@ -87,10 +100,41 @@ def item_metric(items: pd.DataFrame, metric: str) -> pd.Series:
 
 
 def decide(
-    client: MlflowClient, cfg: RegistryConfig, result: EvalResult, items: pd.DataFrame, ctx: RunContext
+    client: MlflowClient,
+    cfg: RegistryConfig,
+    result: EvalResult,
+    items: pd.DataFrame,
+    ctx: RunContext,
+    alarms: Sequence[str] = (),
 ) -> GateDecision:
     """Compare `result` (the challenger, with its per-item scores `items`) with the current champion of
-    `cfg.model_name` on the same items."""
+    `cfg.model_name` on the same items; `alarms` (the round's training-health alarms) hold it back from champion
+    unless `cfg.allow_unhealthy`."""
+    return health_rule(_compare(client, cfg, result, items, ctx), alarms, cfg)
+
+
+def health_rule(decision: GateDecision, alarms: Sequence[str], cfg: RegistryConfig) -> GateDecision:
+    """A round with training-health alarms takes `champion` only with `registry.allow_unhealthy`; the reason says
+    which alarms it raised and what they decided."""
+    if not alarms:
+        return decision
+    raised = f"the round raised {len(alarms)} training-health alarm(s) ({', '.join(alarm_kinds(alarms))})"
+    if cfg.allow_unhealthy:
+        health = f"{raised}; registry.allow_unhealthy lets it take champion all the same"
+        update = {"health": health}
+    else:
+        health = (
+            f"{raised}, so it is registered as challenger only (registry.allow_unhealthy: true lets such a round "
+            "take champion)"
+        )
+        update = {"health": health, "promote": False, "held_back": decision.promote}
+    return decision.model_copy(update={**update, "reason": f"{decision.reason}; {health}"})
+
+
+def _compare(
+    client: MlflowClient, cfg: RegistryConfig, result: EvalResult, items: pd.DataFrame, ctx: RunContext
+) -> GateDecision:
+    """The statistical comparison alone (see the module's docstring)."""
     from mlflow.exceptions import MlflowException
 
     challenger = item_metric(items, cfg.gating_metric)

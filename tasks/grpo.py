@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from grpo_pipeline.configs.schema import GRPOConfig, ModelConfig
+from grpo_pipeline.configs.schema import GRPOConfig, ModelConfig, MonitorsConfig
 from grpo_pipeline.rewards import build_rewards
 from grpo_pipeline.tasks.chat import conversational_dataset
 from grpo_pipeline.tasks.common import Checkpoint, Ref
@@ -57,6 +57,9 @@ def trl_grpo_args(cfg: GRPOConfig, common: dict[str, Any], weights: list[float])
         use_vllm=use_vllm,
         vllm_mode="colocate",
         logging_steps=cfg.log_every_steps,
+        # Log a NaN/inf loss as it is (transformers would replace it by the running mean), so that the training-health
+        # monitor (tasks/health.py) sees it.
+        logging_nan_inf_filter=False,
     )
 
 
@@ -76,18 +79,28 @@ def grpo_train(
     held_out: Ref | None = None,
     correctness_reward: str = "correctness",
     code_dir: str | None = None,
+    monitors: MonitorsConfig | None = None,
     *,
     out: Path,
 ) -> Checkpoint:
-    """One GRPO round from `start`; returns the policy checkpoint (with its MLflow run id).
+    """One GRPO round from `start`; returns the policy checkpoint (with its MLflow run id and the round's
+    training-health alarms).
 
-    With `held_out`, greedy accuracy on its first `cfg.probe_problems` rows is logged during training.
+    With `held_out`, greedy accuracy on its first `cfg.probe_problems` rows is logged during training. `monitors`
+    (default: MonitorsConfig()) sets the training-health alarms (tasks/health.py); with `monitors.fail_fast` the
+    first alarm stops the round with TrainingHealthError.
     """
     from trl import GRPOTrainer
 
+    from grpo_pipeline.tasks.health import RoundHealth, health_callback
     from grpo_pipeline.tasks.probe import HeldOutAccuracyProbe
 
+    monitors = monitors or MonitorsConfig()
+    stage_name = f"grpo-r{round_index}"
     reward_fns, weights = build_rewards(cfg.rewards)
+    health = RoundHealth(monitors, stage_name, cfg.beta, cfg.generations_per_prompt, weights)
+    if monitors.enabled:
+        reward_fns = health.wrap_rewards(reward_fns)  # records each step's rewards for the zero-spread reading
     dataset = load_split(train.require())
     if "completion" in dataset.column_names:  # the SFT target; TRL would pass it to rewards as a column
         dataset = dataset.remove_columns("completion")
@@ -100,6 +113,8 @@ def grpo_train(
                 rows, tokenizer, cfg.probe_every_steps, cfg.max_completion_tokens, correctness_reward
             )
             callbacks.append(probe)
+        if monitors.enabled:
+            callbacks.append(health_callback(health))
         return GRPOTrainer(
             model=start.path,
             reward_funcs=reward_fns,
@@ -109,16 +124,17 @@ def grpo_train(
             callbacks=callbacks,
         )
 
-    return train_policy(
+    policy = train_policy(
         start,
         ctx,
         model_cfg,
-        stage=f"grpo-r{round_index}",
+        stage=stage_name,
         seed=ctx.seed + round_index,
         out=out,
         tags={"stage": "grpo", "round": str(round_index), "data_fingerprint": train.fingerprint},
         build=build,
         save_every_steps=cfg.save_every_steps,
         keep_checkpoints=cfg.keep_checkpoints,
-        meta={"round": round_index},
+        meta={"round": round_index, "alarms": health.alarms},  # filled in during training, saved after it
     )
+    return policy.model_copy(update={"alarms": tuple(health.alarms)})

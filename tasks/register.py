@@ -21,6 +21,7 @@ from grpo_pipeline.tasks.common import Checkpoint, logger
 from grpo_pipeline.tasks.curves import CURVE_ARTIFACT, PROBE_METRIC, learning_curve_figure, metric_history
 from grpo_pipeline.tasks.evaluate import EvalResult
 from grpo_pipeline.tasks.gate import ITEMS_ARTIFACT, GateDecision, decide
+from grpo_pipeline.tasks.health import health_tags
 from grpo_pipeline.tasks.lineage import provenance_tags
 from grpo_pipeline.tasks.stage import RunContext, stage
 from grpo_pipeline.tasks.tracking import configure_mlflow
@@ -106,8 +107,8 @@ def register_policy(
         logger.info("run %s is version %s already; not registered again", policy.run_id, existing.version)
         return _registration_of(client, existing)
     items = result.items()
-    gate = decide(client, cfg, result, items, ctx)
-    tags = {**tags, **provenance_tags(result), **gate.tags()}
+    gate = decide(client, cfg, result, items, ctx, alarms=policy.alarms)  # an unhealthy round: challenger only
+    tags = {**tags, **provenance_tags(result), **health_tags(policy.alarms), **gate.tags()}
     card = model_card(cfg, policy, result, baseline, gate, tags, config_yaml, prompt=str(items["prompt"].iloc[0]))
     info = _log_policy_run(client, policy, path, result, items, baseline, config_yaml, tags, card)
     return _create_gated_version(client, cfg, policy.run_id, info, gate, tags, card)
