@@ -3,12 +3,14 @@ clear message that names the field, file or row (no traceback), and nothing trai
 
 Config-level cases fail before Prefect starts (about a second each). Data and model cases run the micro config
 against one Prefect server shared by the module, so each pays for its own stages only, not for a server start.
+The checks' building blocks have fast unit tests at the end.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -18,14 +20,20 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pandas as pd
 import pytest
 
+from grpo_pipeline.configs.schema import DataConfig
+from grpo_pipeline.rewards.registry import RewardError, check_scores
 from grpo_pipeline.stack import free_port
 from grpo_pipeline.tasks.data import split_train_eval
+from grpo_pipeline.tasks.model import check_base_path
+from grpo_pipeline.tasks.preflight import reward_problems, run_dir_problem
+from grpo_pipeline.tasks.validate import DataValidationError, validate_frames
 from tests.helpers import cli_env, micro_overrides, run_cli
 
-pytestmark = pytest.mark.integration
+integration = pytest.mark.integration
 
 RECIPE = "configs/tiny-arith.yaml"
 BAD_REWARDS = """\
@@ -117,6 +125,7 @@ CONFIG_CASES = {
 }
 
 
+@integration
 @pytest.mark.parametrize("case", list(CONFIG_CASES))
 def test_bad_config_fails_before_prefect_starts(case: str, tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("not a directory")
@@ -148,6 +157,7 @@ def read_only_dir(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["chattr", "-i", str(path)], check=True)
 
 
+@integration
 def test_unwritable_run_dir_fails_before_prefect_starts(tmp_path: Path, read_only_dir: Path) -> None:
     run_dir = read_only_dir / "runs"
     code, out = run(tmp_path, f"run_dir={run_dir}")
@@ -272,6 +282,7 @@ FLOW_CASES = {
 }
 
 
+@integration
 @pytest.mark.parametrize("case", list(FLOW_CASES))
 def test_bad_data_or_model_fails_before_training(case: str, tmp_path: Path, prefect_api: str) -> None:
     overrides, expect = FLOW_CASES[case](tmp_path)
@@ -280,6 +291,7 @@ def test_bad_data_or_model_fails_before_training(case: str, tmp_path: Path, pref
     assert_rejected(code, out, tmp_path, *expect)
 
 
+@integration
 def test_duplicate_prompts_and_the_fixed_file_is_prepared_again(tmp_path: Path, prefect_api: str) -> None:
     """Duplicate prompts are named by row; the failed validation leaves no result behind, so fixing the file in
     place is enough: the next run prepares it again (and here stops at the next problem, before training)."""
@@ -297,3 +309,71 @@ def test_duplicate_prompts_and_the_fixed_file_is_prepared_again(tmp_path: Path, 
     assert code == 1, out[-3000:]
     assert_rejected(code, out, tmp_path, "leave too little room for grpo.max_completion_tokens=14", "train row 0")
     assert "data validation failed" not in out
+
+
+# ----------------------------------------------------------------------------- the checks' building blocks
+
+
+def test_scores_must_be_one_number_or_none_per_completion() -> None:
+    check_scores("r", [1.0, None, 0, True, np.float32(0.5), np.array(2.0)], 6)
+    for scores, fragment in [
+        ([1.0], "returned 1 scores for 2 completions"),
+        ([1.0, "1"], "returned '1' (str) for completion 1"),
+        ([1.0, [1.0]], "returned [1.0] (list) for completion 1"),
+        (1.0, "returned a float, not a list of 2 scores"),
+    ]:
+        with pytest.raises(RewardError, match=re.escape(fragment)):
+            check_scores("r", scores, 2)
+
+
+def test_a_local_model_path_must_exist(tmp_path: Path) -> None:
+    for base in ("tiny", "Qwen/Qwen2.5-0.5B-Instruct", "gpt2", "models:/m@champion"):
+        check_base_path(base)  # not local paths: nothing to check here
+    for base in (str(tmp_path / "missing"), "./missing-model", "~/models/missing", "a/b/c"):
+        with pytest.raises(FileNotFoundError, match="does not exist"):
+            check_base_path(base)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"without config\.json"):
+        check_base_path(str(tmp_path / "empty"))
+    (tmp_path / "empty" / "config.json").write_text("{}")
+    check_base_path(str(tmp_path / "empty"))
+
+
+def test_run_dir_problem(tmp_path: Path) -> None:
+    assert run_dir_problem(str(tmp_path / "new" / "runs")) is None
+    assert (tmp_path / "new" / "runs").is_dir() and not list((tmp_path / "new" / "runs").iterdir())
+    (tmp_path / "file").write_text("")
+    problem = run_dir_problem(str(tmp_path / "file" / "runs"))
+    assert problem and "not writable" in problem and "run_dir=" in problem
+
+
+def test_prompts_differing_only_in_whitespace_are_one_question() -> None:
+    train = pd.DataFrame({"prompt": ["1+1=", "2+2="], "answer": ["2", "4"], "completion": ["2", "4"]})
+    held_out = pd.DataFrame({"prompt": [" 1+1=", "3+3="], "answer": ["2", "6"], "completion": ["2", "6"]})
+    with pytest.raises(DataValidationError, match=r"eval row 0: failed 'no_prompt_in_both_train_and_eval'"):
+        validate_frames(train, held_out, DataConfig())
+    train.loc[1, "prompt"] = "1+1=\n"
+    with pytest.raises(DataValidationError, match=r"train row 1: failed 'no_duplicate_prompts_within_split'"):
+        validate_frames(train, held_out.assign(prompt=["4+4=", "3+3="]), DataConfig())
+
+
+def test_reward_smoke_check_names_each_bad_reward() -> None:
+    rows = pd.DataFrame({"prompt": ["1+1=", "2+2="], "answer": ["2", "4"], "completion": ["2", "5"]})
+    entries = [
+        ("grpo.rewards[0]", "correctness", {}),
+        ("grpo.rewards[1]", "tests.test_bad_input:raises", {}),
+        ("grpo.rewards[2]", "tests.test_bad_input:one_score", {}),
+    ]
+    problems = reward_problems(rows, entries)
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("grpo.rewards[1]: reward 'tests.test_bad_input:raises' raised KeyError")
+    assert "data.extra_columns" in problems[0] and "the rows have: answer" in problems[0]
+    assert problems[1].startswith("grpo.rewards[2]: reward 'tests.test_bad_input:one_score' returned 1 scores for 2")
+
+
+def raises(prompts, completions, **columns):
+    return [float(c == t) for c, t in zip(completions, columns["test"], strict=True)]
+
+
+def one_score(prompts, completions, **columns):
+    return [1.0]
