@@ -273,6 +273,37 @@ class GRPOConfig(_Section):
     use_vllm: bool | Literal["auto"] = Field(
         default="auto", description="Generate rollouts with vLLM: true, false, or 'auto' (when CUDA and vllm exist)."
     )
+    vllm_mode: Literal["colocate", "server"] = Field(
+        default="colocate",
+        description="Where vLLM runs (TRL's vllm_mode): 'colocate' in the training process, sharing its GPU; "
+        "'server' in a separate `trl vllm-serve` process, usually on another GPU (vllm_server_host/port or "
+        "vllm_server_base_url), which receives the new weights after each step.",
+    )
+    vllm_server_host: str = Field(
+        default="127.0.0.1",
+        json_schema_extra=UNKEYED,
+        description="Host of the vLLM server (vllm_mode: server); ignored when vllm_server_base_url is set.",
+    )
+    vllm_server_port: int = Field(
+        default=8000,
+        ge=1,
+        le=65535,
+        json_schema_extra=UNKEYED,
+        description="HTTP port of the vLLM server (vllm_mode: server; `trl vllm-serve --port`).",
+    )
+    vllm_server_base_url: str | None = Field(
+        default=None,
+        json_schema_extra=UNKEYED,
+        description="Full URL of the vLLM server (e.g. http://gpu-1:8000), instead of vllm_server_host/port.",
+    )
+    vllm_gpu_memory_utilization: float = Field(
+        default=0.3,
+        gt=0,
+        le=1,
+        json_schema_extra=UNKEYED,
+        description="Fraction of the GPU's memory vLLM takes for weights and KV cache (vllm_mode: colocate; the "
+        "rest is training's). A server takes its own (`trl vllm-serve --gpu_memory_utilization`).",
+    )
     log_every_steps: int = Field(default=10, ge=1, description="Logging interval (steps) for metrics.")
     probe_problems: int = Field(
         default=128,
@@ -288,6 +319,18 @@ class GRPOConfig(_Section):
         json_schema_extra=UNKEYED,
         description="Train each round on the prompts of intermediate difficulty for its starting policy.",
     )
+
+    @model_validator(mode="after")
+    def _vllm_settings_agree(self) -> GRPOConfig:
+        if self.vllm_mode == "server" and self.use_vllm is False:
+            raise ValueError(
+                "vllm_mode is 'server' but use_vllm is false, so no server would be used; set grpo.use_vllm=true "
+                "(or auto) or grpo.vllm_mode=colocate"
+            )
+        url = self.vllm_server_base_url
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(f"vllm_server_base_url {url!r} is not an http(s) URL; write it as http://<host>:<port>")
+        return self
 
 
 class EvalConfig(_Section):

@@ -124,9 +124,26 @@ def load_hf(name: str, config_name: str | None, split: str) -> pd.DataFrame:
             if split not in ds:
                 raise DataError(f"dataset {name} has splits {list(ds)}, not {split!r}; set data.hf_split")
             ds = ds[split]
-    else:
+    elif local.exists():
         ds = datasets.load_dataset(name, config_name, split=split)
+    else:
+        try:
+            ds = datasets.load_dataset(name, config_name, split=split)
+        except (ConnectionError, FileNotFoundError) as e:  # offline and not cached, hub unreachable, no such name
+            config = f" (config {config_name!r})" if config_name else ""
+            raise DataError(
+                f"data.hf_name {name!r}{config} cannot be fetched: {e}. {dataset_fix(name, config_name)}"
+            ) from e
     return ds.to_pandas()
+
+
+def dataset_fix(name: str, config_name: str | None) -> str:
+    """How to give the pipeline a local copy of the hub dataset `name` (for errors when it cannot be fetched)."""
+    args = ", ".join(repr(a) for a in (name, config_name) if a)
+    return (
+        f"Point at a local copy: data.hf_name=/path/to/dataset_dir (saved with `datasets.load_dataset({args})"
+        ".save_to_disk('/path/to/dataset_dir')` where the hub is reachable), or fill the cache with hub access first"
+    )
 
 
 def map_columns(raw: pd.DataFrame, cfg: DataConfig, origin: str) -> pd.DataFrame:

@@ -21,7 +21,7 @@ import pandas as pd
 from grpo_pipeline.configs.schema import GRPOConfig, ModelConfig, MonitorsConfig
 from grpo_pipeline.rewards import build_rewards
 from grpo_pipeline.tasks.chat import conversational_dataset
-from grpo_pipeline.tasks.common import Checkpoint, Ref
+from grpo_pipeline.tasks.common import Checkpoint, Ref, logger
 from grpo_pipeline.tasks.stage import RunContext, stage, user_code
 from grpo_pipeline.tasks.training import load_split, train_policy, vllm_available
 
@@ -36,6 +36,11 @@ def trl_grpo_args(cfg: GRPOConfig, common: dict[str, Any], weights: list[float])
     from trl import GRPOConfig as TRLGRPOConfig
 
     use_vllm = vllm_available() if cfg.use_vllm == "auto" else bool(cfg.use_vllm)
+    if cfg.vllm_mode == "server" and not use_vllm:
+        logger.warning(
+            "grpo.vllm_mode is 'server' but vLLM is not used here (use_vllm: auto needs CUDA and the vllm package); "
+            "rollouts are generated with transformers in the training process"
+        )
     return TRLGRPOConfig(
         **common,
         max_steps=cfg.steps_per_round,
@@ -55,7 +60,13 @@ def trl_grpo_args(cfg: GRPOConfig, common: dict[str, Any], weights: list[float])
         scale_rewards=cfg.scale_rewards,
         reward_weights=weights,
         use_vllm=use_vllm,
-        vllm_mode="colocate",
+        vllm_mode=cfg.vllm_mode,
+        # server: TRL's client connects to a `trl vllm-serve` process and pushes the weights to it after each step
+        # (a base URL, when given, wins over host and port). colocate: vLLM shares this process's GPU.
+        vllm_server_base_url=cfg.vllm_server_base_url,
+        vllm_server_host=cfg.vllm_server_host,
+        vllm_server_port=cfg.vllm_server_port,
+        vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
         logging_steps=cfg.log_every_steps,
         # Log a NaN/inf loss as it is (transformers would replace it by the running mean), so that the training-health
         # monitor (tasks/health.py) sees it.

@@ -74,6 +74,11 @@ def check_config(cfg: PipelineConfig) -> None:
         check_base_path(cfg.model.base)
     except FileNotFoundError as e:
         problems.append(str(e))
+    # A hub model or dataset that cannot be fetched here (offline, no network), said now rather than after Prefect
+    # has started and the library's retries have run out (tasks/hub.py).
+    from grpo_pipeline.tasks.hub import dataset_problem, model_problem
+
+    problems += [p for p in (model_problem(cfg.model.base), dataset_problem(cfg.data)) if p]
     _raise("the config cannot run here", problems)
 
 

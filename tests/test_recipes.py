@@ -1,0 +1,246 @@
+"""The GPU recipes on a CPU machine: they validate, map real GSM8K / HumanEval rows to what their rewards read, score
+right and wrong completions as intended, pass their vLLM settings to TRL, and stop at once, naming the model and
+dataset and how to use local copies, where the hub cannot be reached. The GPU parts themselves: tests/test_gpu.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from grpo_pipeline.configs.schema import ConfigError, GRPOConfig, load_config
+from grpo_pipeline.rewards import build_rewards
+from grpo_pipeline.tasks import hub
+from grpo_pipeline.tasks.data import load_source
+from grpo_pipeline.tasks.evaluate import reward_columns
+from grpo_pipeline.tasks.grpo import trl_grpo_args
+from tests.helpers import cli_env, run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+GSM8K = ROOT / "configs" / "qwen2.5-0.5b-gsm8k.yaml"
+HUMANEVAL = ROOT / "configs" / "qwen2.5-coder-0.5b-humaneval.yaml"
+RECIPES = sorted((ROOT / "configs").glob("qwen2.5-*.yaml"))
+BENCHMARK = ROOT / "benchmarks" / "gpu_throughput.py"
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _benchmark_module():
+    spec = importlib.util.spec_from_file_location("gpu_throughput", BENCHMARK)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def weighted(cfg, rows, completions: list[str]) -> list[float]:
+    """The summed, weighted reward of each completion of `rows` (one completion per row), as GRPO sums it."""
+    fns, weights = build_rewards(cfg.grpo.rewards)
+    prompts, columns = reward_columns(rows, 1)
+    per_reward = [fn(prompts=prompts, completions=completions, **columns) for fn in fns]
+    return [sum(w * s[i] for w, s in zip(weights, per_reward, strict=True)) for i in range(len(rows))]
+
+
+# ----------------------------------------------------------------------------- the recipes
+
+
+def test_the_gpu_recipes_are_bundled():
+    assert {GSM8K, HUMANEVAL} <= set(RECIPES)
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_recipe_validates_through_the_cli(recipe, tmp_path):
+    result = run_cli(["config", "--config", str(recipe)], cli_env(tmp_path), timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    cfg = load_config(recipe)
+    assert f"base: {cfg.model.base}" in result.stdout
+    assert cfg.model.dtype == "bfloat16" and cfg.grpo.vllm_mode == "colocate" and cfg.grpo.use_vllm == "auto"
+
+
+def test_gsm8k_recipe(shared_data):
+    cfg = load_config(GSM8K)
+    assert cfg.model.base == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert (cfg.data.hf_name, cfg.data.hf_config) == ("openai/gsm8k", "main")
+    assert {(r.name, r.weight) for r in cfg.grpo.rewards} == {("correctness", 2.0), ("format", 0.5), ("tag_count", 0.5)}
+    # The recipe's column mapping on the real GSM8K file (same columns as the hub dataset).
+    cfg = load_config(GSM8K, ["data.source=file", f"data.path={shared_data / 'gsm8k_test.jsonl'}"])
+    rows = load_source(cfg.data).head(4)
+    first = rows.iloc[0]
+    system, user = json.loads(first["prompt"])  # chat messages, rendered by the model's template in training
+    assert system["role"] == "system" and "<reasoning>" in system["content"] and "<answer>" in system["content"]
+    assert user == {"role": "user", "content": first_question(shared_data / "gsm8k_test.jsonl")}
+    assert first["answer"].replace("-", "").isdigit(), first["answer"]  # the number after '#### '
+    right = [f"<reasoning>\nwork it out\n</reasoning>\n<answer>\n{a}\n</answer>" for a in rows["answer"]]
+    wrong = [f"<reasoning>\nwork it out\n</reasoning>\n<answer>\n{int(a) + 1}\n</answer>" for a in rows["answer"]]
+    unformatted = [f"The answer is {a}." for a in rows["answer"]]
+    assert weighted(cfg, rows, right) == pytest.approx([3.0] * 4)  # 2.0 correct + 0.5 format + 0.5 four tags
+    assert weighted(cfg, rows, wrong) == pytest.approx([1.0] * 4)
+    assert weighted(cfg, rows, unformatted) == pytest.approx([2.0] * 4)  # math-verify finds the bare number
+
+
+def first_question(path: Path) -> str:
+    return json.loads(path.read_text().splitlines()[0])["question"]
+
+
+def test_humaneval_recipe(shared_data, code_sandbox):
+    cfg = load_config(HUMANEVAL)
+    assert cfg.model.base == "Qwen/Qwen2.5-Coder-0.5B" and cfg.eval.correctness_reward == "code_tests"
+    assert cfg.data.num_train + cfg.data.num_eval == 164
+    cfg = load_config(HUMANEVAL, ["data.source=file", f"data.path={shared_data / 'HumanEval.jsonl.gz'}"])
+    rows = load_source(cfg.data).head(3)
+    assert {"test", "entry_point"} <= set(rows.columns)
+    assert rows.iloc[0]["prompt"].lstrip().startswith(("def ", "from ", "import ")), rows.iloc[0]["prompt"][:80]
+    # The canonical solution continues the prompt and passes every assert; a stub passes none.
+    assert weighted(cfg, rows, rows["answer"].tolist()) == pytest.approx([1.0] * 3)
+    assert weighted(cfg, rows, ["    pass\n"] * 3) == pytest.approx([0.0] * 3)
+
+
+# ----------------------------------------------------------------------------- vLLM settings -> TRL
+
+
+def _trl_args(tmp_path, **fields):
+    cfg = GRPOConfig(**fields)
+    common = {"output_dir": str(tmp_path), "report_to": [], "bf16": False}  # as precision_args gives on CPU
+    return trl_grpo_args(cfg, common, [1.0] * len(cfg.rewards))
+
+
+def test_colocate_is_the_default(tmp_path):
+    args = _trl_args(tmp_path, use_vllm=True, vllm_gpu_memory_utilization=0.45)
+    assert (args.use_vllm, args.vllm_mode, args.vllm_gpu_memory_utilization) == (True, "colocate", 0.45)
+
+
+def test_server_mode_maps_host_port_and_url(tmp_path):
+    args = _trl_args(tmp_path, use_vllm=True, vllm_mode="server", vllm_server_host="10.0.0.7", vllm_server_port=8123)
+    assert (args.use_vllm, args.vllm_mode) == (True, "server")
+    assert (args.vllm_server_host, args.vllm_server_port, args.vllm_server_base_url) == ("10.0.0.7", 8123, None)
+    args = _trl_args(tmp_path, use_vllm=True, vllm_mode="server", vllm_server_base_url="http://gpu-1:8000")
+    assert args.vllm_server_base_url == "http://gpu-1:8000"  # TRL's client then ignores host and port
+
+
+def test_auto_without_cuda_generates_with_transformers_and_says_so(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="grpo_pipeline"):
+        args = _trl_args(tmp_path, vllm_mode="server")  # use_vllm: auto, and this machine has no CUDA
+    assert args.use_vllm is False
+    assert "vllm_mode is 'server' but vLLM is not used here" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        (["grpo.use_vllm=false", "grpo.vllm_mode=server"], "set grpo.use_vllm=true"),
+        (["grpo.vllm_mode=remote"], "grpo.vllm_mode"),
+        (["grpo.vllm_server_base_url=gpu-1:8000"], "http://<host>:<port>"),
+        (["grpo.vllm_gpu_memory_utilization=1.5"], "grpo.vllm_gpu_memory_utilization"),
+    ],
+)
+def test_bad_vllm_settings_name_the_fix(overrides, fragment):
+    with pytest.raises(ConfigError) as err:
+        load_config(GSM8K, overrides)
+    assert fragment in str(err.value)
+
+
+def test_server_address_is_not_part_of_the_grpo_key():
+    """Moving the vLLM server (or giving colocated vLLM more memory) must not rerun a finished GRPO round."""
+    from grpo_pipeline.configs.schema import section_hash
+
+    a = load_config(GSM8K).grpo
+    b = load_config(GSM8K, ["grpo.vllm_server_port=9000", "grpo.vllm_gpu_memory_utilization=0.5"]).grpo
+    c = load_config(GSM8K, ["grpo.vllm_mode=server"]).grpo
+    assert section_hash(a) == section_hash(b) != section_hash(c)
+
+
+# ----------------------------------------------------------------------------- no hub: one clear error, at once
+
+
+@pytest.mark.parametrize(
+    ("env", "why"),
+    [
+        ({"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE is set"),
+        # A hub that refuses connections (nothing listens on port 9 of loopback), without HF_HUB_OFFLINE.
+        ({"HF_ENDPOINT": "http://127.0.0.1:9"}, "cannot be reached"),
+    ],
+    ids=["offline", "unreachable"],
+)
+def test_run_without_the_hub_stops_at_once_naming_the_fix(tmp_path, env, why):
+    # An empty Hugging Face cache, so a copy cached on this machine cannot make the run go ahead.
+    env = {k: v for k, v in cli_env(tmp_path, HF_HOME=str(tmp_path / "hf-home")).items() if "OFFLINE" not in k} | env
+    start = time.monotonic()
+    result = run_cli(["run", "--config", str(GSM8K), f"run_dir={tmp_path / 'runs'}"], env, timeout=120)
+    seconds = time.monotonic() - start
+    out = result.stdout + result.stderr
+    assert result.returncode != 0, out
+    assert seconds < 30, f"took {seconds:.0f} s"
+    assert "Starting temporary server" not in out  # stopped before Prefect
+    model_line = next(line for line in out.splitlines() if "model.base 'Qwen/Qwen2.5-0.5B-Instruct'" in line)
+    data_line = next(line for line in out.splitlines() if "data.hf_name 'openai/gsm8k'" in line)
+    assert why in model_line and why in data_line
+    assert "model.base=/path/to/model_dir" in model_line and "hf download Qwen/Qwen2.5-0.5B-Instruct" in model_line
+    assert "data.hf_name=/path/to/dataset_dir" in data_line and "save_to_disk" in data_line
+    assert "Traceback" not in out
+
+
+def test_hub_names_in_the_local_cache_pass_offline(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert hub.model_problem("Qwen/Qwen2.5-0.5B-Instruct") is not None
+    # The layout huggingface_hub writes: refs/main names the snapshot that holds the files.
+    repo = tmp_path / "hub" / "models--Qwen--Qwen2.5-0.5B-Instruct"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("abc123")
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    (repo / "snapshots" / "abc123" / "config.json").write_text("{}")
+    assert hub.model_problem("Qwen/Qwen2.5-0.5B-Instruct") is None
+    cfg = load_config(GSM8K).data
+    assert hub.dataset_problem(cfg) is not None
+    (tmp_path / "hub" / "datasets--openai--gsm8k").mkdir()
+    assert hub.dataset_problem(cfg) is None
+
+
+def test_local_models_and_datasets_never_ask_the_hub(tmp_path, monkeypatch):
+    monkeypatch.setattr(hub, "_why_not", lambda *a: pytest.fail(f"asked the hub about {a}"))
+    for base in ("tiny", str(tmp_path), "./models/mine", "models:/tiny-arith-grpo@champion"):
+        assert hub.model_problem(base) is None
+    assert hub.dataset_problem(load_config(GSM8K, [f"data.hf_name={tmp_path}"]).data) is None
+    assert hub.dataset_problem(load_config(None).data) is None  # synthetic
+
+
+# ----------------------------------------------------------------------------- the GPU benchmark on CPU
+
+
+@pytest.mark.skipif(_has_cuda(), reason="on a CUDA machine the benchmark measures (minutes) instead")
+def test_gpu_benchmark_says_there_is_no_cuda_and_exits_0():
+    result = subprocess.run([sys.executable, str(BENCHMARK)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "no CUDA device here" in result.stdout and "nothing was measured" in result.stdout
+
+
+def test_benchmark_model_has_qwen25_05b_shape(tmp_path):
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    gt = _benchmark_module()
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(Qwen2Config(**gt.QWEN25_05B))
+    assert sum(p.numel() for p in model.parameters()) == gt.QWEN25_05B_PARAMETERS
+    # The same builder at a small size: the saved tokenizer loads as Qwen2's, round-trips text and decodes any id.
+    shape = {**gt.QWEN25_05B, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+    shape |= {"num_key_value_heads": 1, "intermediate_size": 64, "vocab_size": 300, "max_position_embeddings": 64}
+    out = gt.build_qwen2(tmp_path / "m", shape, dtype="float32")
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    text = "Natalia sold 48 clips.\n<|im_end|>"
+    ids = tokenizer(text)["input_ids"]
+    assert tokenizer.decode(ids) == text and ids[-1] == tokenizer.eos_token_id
+    assert len(tokenizer) == 300 and tokenizer.decode([299]) == "<x299>"
+    model = Qwen2ForCausalLM.from_pretrained(out)
+    assert model.config.model_type == "qwen2" and model.config.vocab_size == 300
