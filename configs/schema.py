@@ -132,6 +132,34 @@ class TinyModelConfig(_Section):
         return self
 
 
+class LoraConfig(_Section):
+    r: int = Field(default=16, ge=1, description="Rank of the adapter matrices.")
+    alpha: int = Field(default=32, ge=1, description="Scaling numerator: the update is (alpha / r) * B @ A.")
+    dropout: float = Field(default=0.05, ge=0, lt=1, description="Dropout on the adapter's input.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        default="all-linear",
+        description="Module names that get adapters (e.g. [q_proj, v_proj]), or 'all-linear' for every linear "
+        "layer but the output head.",
+    )
+
+
+class DistributedConfig(_Section):
+    num_processes: int = Field(
+        default=1,
+        ge=1,
+        json_schema_extra=UNKEYED,
+        description="Processes that train SFT and GRPO together (data parallel, one per GPU, or gloo on CPU), "
+        "started with `accelerate launch`; 1 trains in the pipeline's own process. The batch fields stay global: "
+        "each process takes its share of sft.batch_size and of grpo.prompts_per_step x generations_per_prompt.",
+    )
+    accelerate_config: str | None = Field(
+        default=None,
+        json_schema_extra=UNKEYED,
+        description="An accelerate config file for the launch (configs/accelerate/: ddp, fsdp2, zero2, zero3); "
+        "unset: plain data parallel.",
+    )
+
+
 class ModelConfig(_Section):
     base: str = Field(
         default="tiny",
@@ -142,6 +170,22 @@ class ModelConfig(_Section):
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
         default="float32", description="Weights dtype for training; bfloat16 on GPUs."
     )
+    lora: LoraConfig | None = Field(
+        default=None,
+        description="Train LoRA adapters (peft) instead of every weight; each stage saves the policy with its "
+        "adapter merged in, so the next stage, round, evaluation and registered version see a plain model.",
+    )
+    load_in_4bit: bool = Field(
+        default=False,
+        description="QLoRA: load the frozen base weights in 4-bit NF4 (bitsandbytes, CUDA only) and train LoRA "
+        "adapters on top; needs model.lora. The merged policy is saved in `dtype`.",
+    )
+
+    @model_validator(mode="after")
+    def _qlora_needs_lora(self) -> ModelConfig:
+        if self.load_in_4bit and self.lora is None:
+            raise ValueError("load_in_4bit trains LoRA adapters on a 4-bit base; set model.lora (e.g. model.lora={})")
+        return self
 
 
 def _save_every_steps(default: int) -> Any:
@@ -482,6 +526,7 @@ class PipelineConfig(_Section):
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     monitors: MonitorsConfig = Field(
         default_factory=MonitorsConfig, description="Training-health alarms of the GRPO rounds (tasks/health.py)."
     )
@@ -502,6 +547,22 @@ class PipelineConfig(_Section):
                 f"data.num_train ({self.data.num_train}) is smaller than grpo.prompts_per_step "
                 f"({self.grpo.prompts_per_step}), so no whole GRPO batch of prompts can be formed; raise "
                 "data.num_train or lower grpo.prompts_per_step"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _batches_split_across_processes(self) -> PipelineConfig:
+        n = self.distributed.num_processes
+        completions = self.grpo.prompts_per_step * self.grpo.generations_per_prompt
+        if completions % n:
+            raise ValueError(
+                f"one GRPO step's {completions} completions (grpo.prompts_per_step x grpo.generations_per_prompt) do "
+                f"not split evenly across distributed.num_processes ({n}); make the product a multiple of {n}"
+            )
+        if self.sft.batch_size % n:
+            raise ValueError(
+                f"sft.batch_size ({self.sft.batch_size}) does not split evenly across distributed.num_processes "
+                f"({n}); make it a multiple of {n}"
             )
         return self
 

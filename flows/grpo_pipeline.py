@@ -40,6 +40,7 @@ from grpo_pipeline.tasks.register import Registration, register_policy
 from grpo_pipeline.tasks.sft import sft_warmup as _sft_warmup
 from grpo_pipeline.tasks.stage import RunContext
 from grpo_pipeline.tasks.validate import DataValidationError
+from grpo_pipeline.tasks.training import check_model_runtime
 from grpo_pipeline.tasks.validate import validate_data as _validate_data
 
 # Bad input: the user's to fix, reported as one message without a traceback (grpo_pipeline/cli.py).
@@ -150,6 +151,7 @@ def grpo_pipeline(
     alarms: list[tuple[str, ...]] = []  # each round's training-health alarms, for the summary
     grpo = grpo_train if cfg.grpo.work_pool is None else grpo_train_remote
     # Lineage: a round's parent is the version registered for the round before it, else the base model by name.
+    check_model_runtime(cfg.model)  # 4-bit weights need CUDA
     parent_model = base.lineage
     for r in range(1, cfg.grpo.rounds + 1):
         start, train = policy, data.train

@@ -3,7 +3,7 @@
 The Trainer writes `checkpoint-<step>/` (model, optimizer, scheduler, RNG states, trainer_state.json) every
 `save_every_steps` optimizer steps into a stage's resume folder, `<stage output>.resume/` beside the output the
 stage will produce. Its writes are not atomic: a process killed in the middle of one leaves a folder that looks
-like a checkpoint. So once the Trainer reports a save (`on_save`), `SealCheckpoints` writes `sealed.json` with the
+like a checkpoint. So once the Trainer reports a save (`on_save`), `seal_callback()` writes `sealed.json` with the
 size and sha256 of every file in it; a checkpoint counts only when its seal is present and every file still matches.
 A rerun of the same stage key (the same config and inputs), or a Prefect retry of the task, resumes from the newest
 sealed checkpoint and deletes the unsealed ones; the folder is removed once the stage's output is saved.
@@ -17,11 +17,12 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
-
-from transformers import TrainerCallback
+from typing import TYPE_CHECKING, Any
 
 from grpo_pipeline.tasks.common import logger
+
+if TYPE_CHECKING:  # transformers loads when a stage trains, not when the flow is imported
+    from transformers import TrainerCallback
 
 SEAL = "sealed.json"
 RUN_ID_FILE = "mlflow_run_id"
@@ -69,8 +70,11 @@ def problem(checkpoint: Path) -> str | None:
         return f"missing {', '.join(missing)}"
     for name, expected in recorded.items():
         path = checkpoint / name
-        if path.stat().st_size != expected["bytes"] or _file_digest(path) != expected["sha256"]:
-            return f"{name} is corrupt (its content changed after it was saved)"
+        try:
+            if path.stat().st_size != expected["bytes"] or _file_digest(path) != expected["sha256"]:
+                return f"{name} is corrupt (its content changed after it was saved)"
+        except OSError as e:  # deleted meanwhile (another process pruning it)
+            return f"{name} is unreadable ({e})"
     return None
 
 
@@ -79,19 +83,19 @@ def checkpoint_step(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def latest_complete(folder: Path, stage: str) -> Path | None:
-    """The newest sealed, intact checkpoint in `folder`; the broken ones are logged and deleted."""
+def latest_complete(folder: Path, stage: str, prune: bool = True) -> Path | None:
+    """The newest sealed, intact checkpoint in `folder`; newer broken ones are logged and (`prune`) deleted."""
     if not folder.is_dir():
         return None
     found = sorted((p for p in folder.iterdir() if p.is_dir() and checkpoint_step(p) is not None), key=checkpoint_step)
-    best = None
     for path in reversed(found):
-        if best is None and (why := problem(path)) is not None:
-            logger.warning("%s: skipping %s: %s", stage, path, why)
+        why = problem(path)
+        if why is None:
+            return path
+        logger.warning("%s: skipping %s: %s", stage, path, why)
+        if prune:
             shutil.rmtree(path, ignore_errors=True)  # the Trainer would otherwise count it in save_total_limit
-        elif best is None:
-            best = path
-    return best
+    return None
 
 
 def remembered_run_id(folder: Path) -> str | None:
@@ -107,13 +111,22 @@ def remember_run_id(folder: Path, run_id: str) -> None:
     os.replace(tmp, folder / RUN_ID_FILE)
 
 
-class SealCheckpoints(TrainerCallback):
-    """Seal each checkpoint as soon as the Trainer has written all of it (model, optimizer, scheduler, RNG, state)."""
+def seal_on_save(args: Any, state: Any) -> None:
+    """Seal the checkpoint the Trainer has just written in full (model, optimizer, scheduler, RNG, state)."""
+    if not state.is_world_process_zero:
+        return
+    path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+    if path.is_dir():
+        seal(path)
+        logger.info("checkpoint at step %d saved: %s", state.global_step, path)
 
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if not state.is_world_process_zero:
-            return
-        path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if path.is_dir():
-            seal(path)
-            logger.info("checkpoint at step %d saved: %s", state.global_step, path)
+
+def seal_callback() -> TrainerCallback:
+    """A Trainer callback that seals each checkpoint as soon as the Trainer has written all of it."""
+    from transformers import TrainerCallback
+
+    class SealCheckpoints(TrainerCallback):
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            seal_on_save(args, state)
+
+    return SealCheckpoints()

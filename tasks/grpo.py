@@ -22,8 +22,9 @@ from grpo_pipeline.configs.schema import GRPOConfig, ModelConfig, MonitorsConfig
 from grpo_pipeline.rewards import build_rewards
 from grpo_pipeline.tasks.chat import conversational_dataset
 from grpo_pipeline.tasks.common import Checkpoint, Ref, logger
+from grpo_pipeline.tasks.launch import launched
 from grpo_pipeline.tasks.stage import RunContext, stage, user_code
-from grpo_pipeline.tasks.training import load_split, train_policy, vllm_available
+from grpo_pipeline.tasks.training import adapter_args, load_split, train_policy, vllm_available
 
 if TYPE_CHECKING:  # the training libraries load when a round runs, not when a cached run imports the flow
     from transformers import PreTrainedTokenizerBase
@@ -31,8 +32,11 @@ if TYPE_CHECKING:  # the training libraries load when a round runs, not when a c
     from trl import GRPOTrainer
 
 
-def trl_grpo_args(cfg: GRPOConfig, common: dict[str, Any], weights: list[float]) -> TRLGRPOConfig:
-    """Map the pipeline's GRPO section (batch fields in prompts and generations) onto TRL's GRPOConfig."""
+def trl_grpo_args(
+    cfg: GRPOConfig, common: dict[str, Any], weights: list[float], num_processes: int = 1
+) -> TRLGRPOConfig:
+    """Map the pipeline's GRPO section (batch fields in prompts and generations) onto TRL's GRPOConfig; the batch
+    stays global, each of `num_processes` processes taking its share of the step's completions."""
     from trl import GRPOConfig as TRLGRPOConfig
 
     use_vllm = vllm_available() if cfg.use_vllm == "auto" else bool(cfg.use_vllm)
@@ -48,7 +52,7 @@ def trl_grpo_args(cfg: GRPOConfig, common: dict[str, Any], weights: list[float])
         lr_scheduler_type="constant_with_warmup" if cfg.warmup_ratio else "constant",
         warmup_steps=cfg.warmup_ratio,
         # TRL counts the batch in completions: one optimizer step sees prompts_per_step groups of G completions.
-        per_device_train_batch_size=cfg.prompts_per_step * cfg.generations_per_prompt,
+        per_device_train_batch_size=cfg.prompts_per_step * cfg.generations_per_prompt // num_processes,
         gradient_accumulation_steps=1,
         num_generations=cfg.generations_per_prompt,
         max_completion_length=cfg.max_completion_tokens,
@@ -80,6 +84,7 @@ def _rewards_code(params: Mapping[str, Any]) -> dict[str, str]:
 
 # `code_dir` (where the user's modules live) only tells a worker elsewhere where to import them from.
 @stage("grpo-round{round_index}", unkeyed=("code_dir",), external=_rewards_code)
+@launched
 def grpo_train(
     start: Checkpoint,
     train: Ref,
@@ -129,10 +134,11 @@ def grpo_train(
         return GRPOTrainer(
             model=start.path,
             reward_funcs=reward_fns,
-            args=trl_grpo_args(cfg, common, weights),
+            args=trl_grpo_args(cfg, common, weights, ctx.num_processes),
             train_dataset=conversational_dataset(dataset, tokenizer, start.path),
             processing_class=tokenizer,
             callbacks=callbacks,
+            **adapter_args(model_cfg),
         )
 
     policy = train_policy(

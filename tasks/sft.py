@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 from grpo_pipeline.configs.schema import ModelConfig, SFTConfig
 from grpo_pipeline.tasks.chat import conversational_dataset
 from grpo_pipeline.tasks.common import Checkpoint, Ref
+from grpo_pipeline.tasks.launch import launched
 from grpo_pipeline.tasks.stage import RunContext, stage
-from grpo_pipeline.tasks.training import load_split, train_policy
+from grpo_pipeline.tasks.training import adapter_args, load_split, train_policy
 
 if TYPE_CHECKING:  # the training libraries load when SFT runs, not when a cached run imports the flow
     from transformers import PreTrainedTokenizerBase
@@ -23,6 +24,7 @@ if TYPE_CHECKING:  # the training libraries load when SFT runs, not when a cache
 
 
 @stage("sft")
+@launched
 def sft_warmup(
     base: Checkpoint, train: Ref, cfg: SFTConfig, model_cfg: ModelConfig, ctx: RunContext, out: Path
 ) -> Checkpoint:
@@ -41,11 +43,17 @@ def sft_warmup(
             lr_scheduler_type="cosine",
             warmup_steps=cfg.warmup_ratio,  # TRL/transformers 5 read a float below 1 as a fraction of the steps
             weight_decay=cfg.weight_decay,
-            per_device_train_batch_size=cfg.batch_size,
+            per_device_train_batch_size=cfg.batch_size // ctx.num_processes,  # the batch stays global
             logging_steps=10,
         )
         train_dataset = conversational_dataset(dataset, tokenizer, base.path)
-        return SFTTrainer(model=base.path, args=args, train_dataset=train_dataset, processing_class=tokenizer)
+        return SFTTrainer(
+            model=base.path,
+            args=args,
+            train_dataset=train_dataset,
+            processing_class=tokenizer,
+            **adapter_args(model_cfg),
+        )
 
     return train_policy(
         base,

@@ -27,9 +27,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from grpo_pipeline.configs.schema import PipelineConfig, section_hash
+from grpo_pipeline.configs.schema import UNKEYED, PipelineConfig, section_hash
 
 PACKAGE = "grpo_pipeline"
 SUBPACKAGES = ("configs", "flows", "tasks", "rewards")
@@ -48,11 +48,21 @@ class RunContext(BaseModel):
     experiment: str
     recipe: str
     seed: int
+    # How training stages launch (configs/schema.py DistributedConfig): how they run, not what they compute.
+    num_processes: int = Field(default=1, json_schema_extra=UNKEYED)
+    accelerate_config: str | None = Field(default=None, json_schema_extra=UNKEYED)
 
     @classmethod
     def of(cls, cfg: PipelineConfig) -> RunContext:
         """The run context of a whole pipeline config."""
-        return cls(run_dir=cfg.run_dir, experiment=cfg.registry.experiment, recipe=cfg.name, seed=cfg.seed)
+        return cls(
+            run_dir=cfg.run_dir,
+            experiment=cfg.registry.experiment,
+            recipe=cfg.name,
+            seed=cfg.seed,
+            num_processes=cfg.distributed.num_processes,
+            accelerate_config=cfg.distributed.accelerate_config,
+        )
 
 
 # ----------------------------------------------------------------------------- the project's code

@@ -22,10 +22,11 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import TrainerCallback
 
 from grpo_pipeline.configs.schema import PipelineConfig, load_config
 from grpo_pipeline.tasks import training
-from grpo_pipeline.tasks.checkpoints import SEAL, SealCheckpoints, latest_complete, problem
+from grpo_pipeline.tasks.checkpoints import SEAL, latest_complete, problem, seal_on_save
 from grpo_pipeline.tasks.common import Checkpoint, Ref
 from grpo_pipeline.tasks.data import prepare_data
 from grpo_pipeline.tasks.model import prepare_base_model
@@ -40,8 +41,11 @@ class Crash(RuntimeError):
     pass
 
 
-class CrashingSeal(SealCheckpoints):
+class CrashingSeal(TrainerCallback):
     """Seals checkpoints like the real callback, then fails the training at `CRASH_AT` (a stand-in for a fault)."""
+
+    def on_save(self, args, state, control, **kwargs) -> None:
+        seal_on_save(args, state)
 
     def on_step_end(self, args, state, control, **kwargs) -> None:
         if state.global_step == CRASH_AT:
@@ -80,7 +84,7 @@ def sft(cfg: PipelineConfig) -> Checkpoint:
 def crashed_sft(cfg: PipelineConfig, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Run SFT until the injected fault; returns the stage's resume folder."""
     with monkeypatch.context() as m:
-        m.setattr(training, "SealCheckpoints", CrashingSeal)
+        m.setattr(training, "seal_callback", CrashingSeal)
         with pytest.raises(Crash):
             sft(cfg)
     (folder,) = Path(cfg.run_dir).glob("sft/*.resume")

@@ -1,0 +1,100 @@
+"""Training in more than one process (tasks/launch.py): a GRPO stage with `distributed.num_processes=2` is trained
+by two processes under `accelerate launch` (DDP on the gloo backend, on CPU), and process 0 alone saves it."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from grpo_pipeline.configs.schema import ConfigError, load_config
+from grpo_pipeline.runtime import add_import_paths
+from grpo_pipeline.tasks.data import prepare_data
+from grpo_pipeline.tasks.grpo import grpo_train
+from grpo_pipeline.tasks.launch import launch_command
+from grpo_pipeline.tasks.model import prepare_base_model
+from grpo_pipeline.tasks.stage import RunContext
+from tests.helpers import ROOT
+
+STEPS = 3
+# A reward that also records which process scored which step: each rank scores its own share of the completions.
+RANK_REWARD = textwrap.dedent("""\
+    import os
+    from pathlib import Path
+
+    def by_rank(completions, trainer_state=None, **kwargs):
+        if trainer_state is not None:
+            log = Path(__file__).with_name(f"scored-by-rank{os.environ.get('RANK', '0')}.txt")
+            with open(log, "a") as fh:
+                fh.write(f"{trainer_state.global_step} {len(completions)}\\n")
+        return [0.0 for _ in completions]
+""")
+
+
+@pytest.mark.integration
+def test_grpo_trains_in_two_processes(tmp_path: Path) -> None:
+    (tmp_path / "rank_reward.py").write_text(RANK_REWARD)
+    add_import_paths(tmp_path)
+    cfg = load_config(
+        None,
+        [
+            f"run_dir={tmp_path / 'runs'}",
+            "data.num_train=32",
+            "data.num_eval=8",
+            "model.tiny.hidden_size=32",
+            "model.tiny.num_layers=1",
+            "model.tiny.num_heads=2",
+            "model.tiny.intermediate_size=64",
+            f"grpo.steps_per_round={STEPS}",
+            "grpo.prompts_per_step=4",
+            "grpo.generations_per_prompt=4",
+            "grpo.max_completion_tokens=4",
+            "grpo.save_every_steps=2",
+            "grpo.probe_problems=0",
+            "grpo.rewards=[{name: correctness}, {name: 'rank_reward:by_rank', weight: 0.1}]",
+            "distributed.num_processes=2",
+        ],
+    )
+    data = prepare_data(cfg.data, cfg.run_dir)
+    base = prepare_base_model(cfg.model, cfg.run_dir, cfg.seed)
+    policy = grpo_train(base, data.train, cfg.grpo, cfg.model, 1, RunContext.of(cfg))
+
+    meta = json.loads((Path(policy.path) / "meta.json").read_text())
+    assert meta["processes"] == 2 and meta["steps"] == STEPS
+    assert policy.run_id  # process 0 logged the round to MLflow
+    assert [p.name for p in Path(policy.path).glob("*.safetensors")] == ["model.safetensors"]  # saved once
+    assert not list(Path(policy.path).parent.glob(".*saving*"))  # no staging left behind
+    for rank in (0, 1):
+        scored = (tmp_path / f"scored-by-rank{rank}.txt").read_text().split("\n")[:-1]
+        # each process scored its half of every step's 16 completions, for every step
+        assert sorted({int(line.split()[0]) for line in scored}) == list(range(STEPS)), (rank, scored)
+        assert {int(line.split()[1]) for line in scored} == {8}, (rank, scored)
+
+
+def test_batches_must_split_across_processes() -> None:
+    with pytest.raises(ConfigError, match=r"distributed\.num_processes"):
+        load_config(None, ["distributed.num_processes=3", "grpo.prompts_per_step=8", "grpo.generations_per_prompt=8"])
+    with pytest.raises(ConfigError, match=r"sft\.batch_size"):
+        load_config(None, ["distributed.num_processes=2", "sft.batch_size=15"])
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"), [("ddp", "MULTI_GPU"), ("fsdp2", "FSDP"), ("zero2", "DEEPSPEED"), ("zero3", "DEEPSPEED")]
+)
+def test_bundled_accelerate_configs_load(name: str, kind: str, tmp_path: Path) -> None:
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    path = ROOT / "configs" / "accelerate" / f"{name}.yaml"
+    assert load_config_from_file(str(path)).distributed_type.name == kind
+    ctx = RunContext(run_dir="runs", experiment="e", recipe="r", seed=0, num_processes=4, accelerate_config=str(path))
+    cmd, _ = launch_command(ctx, tmp_path / "job.json")
+    assert cmd[1:3] == ["-m", "accelerate.commands.launch"] and cmd[cmd.index("--config_file") + 1] == str(path)
+    assert cmd[cmd.index("--num_processes") + 1] == "4"
+
+
+def test_an_accelerate_config_that_does_not_exist_is_named(tmp_path: Path) -> None:
+    ctx = RunContext(run_dir="runs", experiment="e", recipe="r", seed=0, num_processes=2, accelerate_config="nope.yaml")
+    with pytest.raises(ConfigError, match=r"distributed\.accelerate_config"):
+        launch_command(ctx, tmp_path / "job.json")
