@@ -18,6 +18,7 @@ from typing import Any
 
 from prefect import Task, flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.tasks import exponential_backoff
 
 from grpo_pipeline.configs.schema import ConfigError, PipelineConfig, load_config
 from grpo_pipeline.flows.grpo_train import remote_grpo_train
@@ -39,10 +40,13 @@ from grpo_pipeline.tasks.preflight import check_inputs as _check_inputs
 from grpo_pipeline.tasks.register import Registration, register_policy
 from grpo_pipeline.tasks.sft import sft_warmup as _sft_warmup
 from grpo_pipeline.tasks.stage import RunContext
-from grpo_pipeline.tasks.validate import DataValidationError
+from grpo_pipeline.tasks.tracking import unreachable
 from grpo_pipeline.tasks.training import check_model_runtime
+from grpo_pipeline.tasks.validate import DataValidationError
 from grpo_pipeline.tasks.validate import validate_data as _validate_data
 
+STAGE_RETRIES = 2  # 5 s apart
+REGISTER_RETRIES = 6  # with exponential backoff (see `register` below)
 # Bad input: the user's to fix, reported as one message without a traceback (grpo_pipeline/cli.py).
 BAD_INPUT = (ConfigError, DataError, DataValidationError, RewardError, PreflightError)
 # Bad input is not retried: a second try would fail the same way and only delay the error.
@@ -60,18 +64,26 @@ def retry_unless_bad_input(task: Task, task_run: Any, state: Any) -> bool:
     return True
 
 
+def retry_registration(task: Task, task_run: Any, state: Any) -> bool:
+    """An unreachable MLflow is retried through every delay of the register stage (the server may be restarting);
+    any other failure as often as any stage's."""
+    try:
+        state.result()
+    except Exception as e:
+        if unreachable(e):
+            return True
+        return retry_unless_bad_input(task, task_run, state) and task_run.run_count <= STAGE_RETRIES
+    return True
+
+
 def stage_task(fn: Callable[..., Any], name: str, **options: Any) -> Task:
     """A Prefect task over a stage function, cached under the stage's own key (see tasks/stage.py)."""
-    return task(
-        fn,
-        name=name,
-        cache_key_fn=fn.stage.cache_key,
-        persist_result=True,
-        retries=2,
-        retry_delay_seconds=5,
-        retry_condition_fn=retry_unless_bad_input,
-        **options,
-    )
+    defaults: dict[str, Any] = {
+        "retries": STAGE_RETRIES,
+        "retry_delay_seconds": 5,
+        "retry_condition_fn": retry_unless_bad_input,
+    }
+    return task(fn, name=name, cache_key_fn=fn.stage.cache_key, persist_result=True, **{**defaults, **options})
 
 
 prepare_data = stage_task(_prepare_data, "prepare_data")
@@ -92,7 +104,17 @@ grpo_train_remote = task(
     retry_condition_fn=retry_unless_bad_input,
 )
 evaluate = stage_task(_evaluate, "evaluate", task_run_name="evaluate-{label}")
-register = stage_task(register_policy, "register")
+# Registration outlasts an MLflow outage (a server restart, a deploy): the training it registers is done and cached,
+# so waiting costs nothing but time. The stage checks the server first (tasks/tracking.require_reachable) and fails
+# in seconds, and Prefect logs each retry with its delay: 5, 10, 20, 40, 80, 160 s, about five minutes in all.
+# Registration is idempotent (tasks/register.py), so a retry after a failure mid-way leaves one version.
+register = stage_task(
+    register_policy,
+    "register",
+    retries=REGISTER_RETRIES,
+    retry_delay_seconds=exponential_backoff(backoff_factor=5),
+    retry_condition_fn=retry_registration,
+)
 
 
 def _run(records: list[StageRecord], record_name: str, stage: Task, /, *args: Any, **kwargs: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -57,19 +58,30 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
     """Yield a temporary directory beside `final` and move it into place only if the block succeeds.
 
     A crash or a bad input therefore never leaves a half-written checkpoint where a later stage would read it.
+
+    Another run may be reading `final` (two runs sharing a run directory build the same keyed dataset or base
+    model): an existing `final` is renamed away, not deleted in place, so files it has open stay readable and the
+    name is missing only between two renames. When another writer puts its own `final` in place in between, theirs
+    is kept (the same key, so the same content).
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tag = uuid.uuid4().hex[:8]
+    tmp, old = final.parent / f".{final.name}.tmp-{tag}", final.parent / f".{final.name}.old-{tag}"
     tmp.mkdir()
     try:
         yield tmp
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        with contextlib.suppress(FileNotFoundError):  # another writer moved it first
+            os.rename(final, old)
+        try:
+            os.rename(tmp, final)
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        for leftover in (tmp, old):
+            if leftover.exists():
+                shutil.rmtree(leftover, ignore_errors=True)
 
 
 class Checkpoint(Ref):

@@ -5,6 +5,13 @@ promotes it only when the paired bootstrap CI of the difference clears `registry
 `challenger`. Everything that can fail (files, metrics, the champion's scores) is checked and logged *before* the
 registry is touched, a version whose aliasing fails is deleted, and a run that already has a version is not
 registered again, so a retried or repeated registration leaves exactly one version.
+
+Registration is idempotent across a failure at any point, as when the tracking server goes away mid-way (the
+register stage then retries, see flows/grpo_pipeline.py): a model already logged to the run from the same checkpoint
+is reused rather than logged again, the completions table is logged once, a version created but left without its
+alias (the server was gone before it could be set or the version deleted) is given the alias its gate tags record,
+and a second version of the same run (a create request retried by MLflow's HTTP client after the server had
+committed the first) is deleted.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from grpo_pipeline.tasks.gate import ITEMS_ARTIFACT, GateDecision, decide
 from grpo_pipeline.tasks.health import health_tags
 from grpo_pipeline.tasks.lineage import provenance_tags
 from grpo_pipeline.tasks.stage import RunContext, stage
-from grpo_pipeline.tasks.tracking import configure_mlflow
+from grpo_pipeline.tasks.tracking import configure_mlflow, registry_lock, require_reachable, tracking_uri
 
 if TYPE_CHECKING:  # mlflow loads when a version is registered, not when the flow is imported
     import pandas as pd
@@ -33,6 +40,11 @@ if TYPE_CHECKING:  # mlflow loads when a version is registered, not when the flo
     from mlflow.models.model import ModelInfo
 
 COMPLETIONS_TABLE = "eval/completions.json"
+# Set on a logged model once all of it (files and card) is stored: which checkpoint it holds, so a retry reuses it.
+CHECKPOINT_TAG = "checkpoint_fingerprint"
+# A version is tagged `registration: pending` from its creation until its alias is set, then `finished`: a retry
+# finishes a pending version, and never touches a finished one (whose alias may since have moved to a newer version).
+REGISTRATION_TAG, PENDING, FINISHED = "registration", "pending", "finished"
 
 
 class Registration(BaseModel):
@@ -100,23 +112,53 @@ def register_policy(
         raise ValueError("only a trained policy (with an MLflow run) can be registered")
     _metric(result, cfg.gating_metric)
     path = policy.require()
+    require_reachable(tracking_uri(ctx.run_dir))  # fail in seconds, not after MLflow's own minutes of retries
     configure_mlflow(ctx.run_dir, cfg.experiment)
     client = MlflowClient()
-    existing = _version_of_run(client, cfg.model_name, policy.run_id)
-    if existing is not None:
-        logger.info("run %s is version %s already; not registered again", policy.run_id, existing.version)
-        return _registration_of(client, existing)
-    items = result.items()
-    gate = decide(client, cfg, result, items, ctx, alarms=policy.alarms)  # an unhealthy round: challenger only
-    tags = {**tags, **provenance_tags(result), **health_tags(policy.alarms), **gate.tags()}
-    card = model_card(cfg, policy, result, baseline, gate, tags, config_yaml, prompt=str(items["prompt"].iloc[0]))
-    info = _log_policy_run(client, policy, path, result, items, baseline, config_yaml, tags, card)
-    return _create_gated_version(client, cfg, policy.run_id, info, gate, tags, card)
+    with registry_lock(ctx.run_dir, cfg.model_name):  # another run gating the same model waits its turn
+        existing = _version_of_run(client, cfg.model_name, policy.run_id)
+        if existing is not None:
+            logger.info("run %s is version %s already; not registered again", policy.run_id, existing.version)
+            return _registration_of(client, _finished(client, existing))
+        items = result.items()
+        gate = decide(client, cfg, result, items, ctx, alarms=policy.alarms)  # an unhealthy round: challenger only
+        tags = {**tags, **provenance_tags(result), **health_tags(policy.alarms), **gate.tags()}
+        card = model_card(cfg, policy, result, baseline, gate, tags, config_yaml, prompt=str(items["prompt"].iloc[0]))
+        model_id = _log_policy_run(client, policy, path, result, items, baseline, config_yaml, tags, card)
+        return _create_gated_version(client, cfg, policy.run_id, model_id, gate, tags, card)
+
+
+def _pending(version: ModelVersion) -> bool:
+    return version.tags.get(REGISTRATION_TAG) == PENDING
 
 
 def _version_of_run(client: MlflowClient, name: str, run_id: str) -> ModelVersion | None:
+    """The run's version of `name`, finished ones first. Another version of the run whose registration never
+    finished (a create request that MLflow's HTTP client sent twice) is deleted, so the run keeps exactly one."""
     found = client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
-    return min(found, key=lambda v: int(v.version)) if found else None
+    if not found:
+        return None
+    versions = [client.get_model_version(name, v.version) for v in found]  # the search leaves out aliases
+    keep = min(versions, key=lambda v: (_pending(v), not v.aliases, int(v.version)))
+    for version in versions:
+        if version.version != keep.version and _pending(version):
+            logger.warning("run %s has a second version of %s (%s): deleting it", run_id, name, version.version)
+            client.delete_model_version(name, version.version)
+    return keep
+
+
+def _finished(client: MlflowClient, version: ModelVersion) -> ModelVersion:
+    """A version whose registration was interrupted, given the alias its gate tags record (if it has none yet) and
+    marked finished. A finished version is left as it is, even one whose alias has moved on to a newer version."""
+    if not _pending(version):
+        return version
+    if not version.aliases:
+        alias = "champion" if GateDecision.from_tags(version.tags).promote else "challenger"
+        logger.warning("version %s of %s has no alias (its registration was interrupted): setting %s",
+                       version.version, version.name, alias)  # fmt: skip
+        client.set_registered_model_alias(version.name, alias, version.version)
+    client.set_model_version_tag(version.name, version.version, REGISTRATION_TAG, FINISHED)
+    return client.get_model_version(version.name, version.version)
 
 
 def _registration_of(client: MlflowClient, version: ModelVersion) -> Registration:
@@ -143,9 +185,12 @@ def _log_policy_run(
     config_yaml: str,
     tags: dict[str, str],
     card: str,
-) -> ModelInfo:
+) -> str:
     """Scores, eval settings, config, per-item scores, a completions table, the learning curve and the model (with
-    its card) on the policy's run."""
+    its card) on the policy's run; returns the logged model's id.
+
+    Safe to repeat on the same run: files and tags are overwritten, metrics get one more point, and the table and the
+    model are logged only when the run does not hold them yet (`log_table` would append the rows again)."""
     import mlflow
 
     with mlflow.start_run(run_id=policy.run_id):
@@ -158,10 +203,28 @@ def _log_policy_run(
         mlflow.log_params(result.settings())
         mlflow.log_text(config_yaml, "config.yaml")
         mlflow.log_artifact(result.items_path, str(Path(ITEMS_ARTIFACT).parent))  # where the gate reads them
-        mlflow.log_table(completions_table(items), artifact_file=COMPLETIONS_TABLE)
+        logged = {a.path for a in client.list_artifacts(policy.run_id, str(Path(COMPLETIONS_TABLE).parent))}
+        if COMPLETIONS_TABLE not in logged:
+            mlflow.log_table(completions_table(items), artifact_file=COMPLETIONS_TABLE)
         _log_learning_curve(client, policy, result, baseline)
         mlflow.set_tags(tags)
-        return log_transformers_model(path, card, result.max_new_tokens)
+        model_id = _logged_model_of(client, policy)
+        if model_id is not None:
+            logger.info("run %s holds this checkpoint's model already (%s): not logged again", policy.run_id, model_id)
+            return model_id
+        model_id = log_transformers_model(path, card, result.max_new_tokens).model_id
+        client.set_logged_model_tags(model_id, {CHECKPOINT_TAG: policy.fingerprint})  # complete: a retry may reuse it
+        return model_id
+
+
+def _logged_model_of(client: MlflowClient, policy: Checkpoint) -> str | None:
+    """A model that an earlier, interrupted registration logged to the policy's run, whole, from this checkpoint."""
+    from mlflow.entities import LoggedModelStatus
+
+    experiment = client.get_run(policy.run_id).info.experiment_id
+    query = f"source_run_id = '{policy.run_id}' AND tags.{CHECKPOINT_TAG} = '{policy.fingerprint}'"
+    found = client.search_logged_models([experiment], filter_string=query)
+    return next((m.model_id for m in found if m.status == LoggedModelStatus.READY), None)
 
 
 def completions_table(items: pd.DataFrame, max_items: int = 25) -> dict[str, list]:
@@ -238,7 +301,7 @@ def _create_gated_version(
     client: MlflowClient,
     cfg: RegistryConfig,
     run_id: str,
-    info: ModelInfo,
+    model_id: str,
     gate: GateDecision,
     tags: dict[str, str],
     card: str,
@@ -252,7 +315,12 @@ def _create_gated_version(
         if "RESOURCE_ALREADY_EXISTS" not in str(e.error_code):
             raise
     mv = client.create_model_version(
-        cfg.model_name, source=info.model_uri, run_id=run_id, tags=tags, description=card, model_id=info.model_id
+        cfg.model_name,
+        source=f"models:/{model_id}",
+        run_id=run_id,
+        tags={**tags, REGISTRATION_TAG: PENDING},
+        description=card,
+        model_id=model_id,
     )
     try:
         registration = Registration(
@@ -264,9 +332,16 @@ def _create_gated_version(
             gate=gate,
         )
         client.set_registered_model_alias(cfg.model_name, registration.alias, mv.version)
-    except BaseException:
-        # No half-registered versions: a version without its alias would confuse the next gating decision.
-        client.delete_model_version(cfg.model_name, mv.version)
+    except BaseException as e:
+        # No half-registered versions: a version without its alias would confuse the next gating decision. When the
+        # server is gone the version cannot be deleted either; the retry then finds it and sets its alias.
+        try:
+            client.delete_model_version(cfg.model_name, mv.version)
+        except Exception as cleanup:
+            logger.warning("version %s of %s kept without an alias (%s); a retry will set it", mv.version,
+                           cfg.model_name, cleanup)  # fmt: skip
+            raise e from None
         raise
+    client.set_model_version_tag(cfg.model_name, mv.version, REGISTRATION_TAG, FINISHED)
     logger.info("registered %s version %s as %s: %s", cfg.model_name, mv.version, registration.alias, gate.explain())
     return registration

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +25,51 @@ def tracking_uri(run_dir: str | Path) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
 
 
+class TrackingUnavailable(ConnectionError):
+    """The MLflow tracking server does not answer (stopped, restarting, out of reach): worth retrying later."""
+
+
+def require_reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """Raise TrackingUnavailable at once when the tracking server at `uri` does not answer its health check.
+
+    MLflow's own client retries a refused connection for about four minutes (MLFLOW_HTTP_REQUEST_MAX_RETRIES=7,
+    backoff factor 2, in mlflow/environment_variables.py) with no word in the run's log; a stage that checks first
+    fails within seconds with the server's address in its error, and the stage's retries (which log their delay)
+    take over. Only an absent answer counts: any HTTP response but 502-504 (a proxy in front of a server that is
+    down) means the server is there. Local stores (sqlite, file) and non-HTTP schemes are not probed, nor is a TLS
+    failure an outage (MLflow's own call reports it)."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import requests
+
+    url = f"{uri.rstrip('/')}/health"
+    try:
+        response = requests.get(url, timeout=timeout_s)
+    except requests.exceptions.SSLError:
+        return
+    except (requests.ConnectionError, requests.Timeout) as e:
+        raise TrackingUnavailable(f"MLflow at {uri} is unreachable ({type(e).__name__} on {url})") from e
+    if response.status_code in (502, 503, 504):
+        raise TrackingUnavailable(f"MLflow at {uri} is unavailable (HTTP {response.status_code} on {url})")
+
+
+def unreachable(exc: BaseException | None) -> bool:
+    """Whether `exc`, or an exception it was raised from, says the tracking server could not be reached:
+    TrackingUnavailable, or the connection error or timeout that MLflow wraps in an MlflowException once its own
+    client has given up retrying."""
+    import requests
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, requests.exceptions.SSLError):
+            return False
+        if isinstance(exc, TrackingUnavailable | requests.ConnectionError | requests.Timeout):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def configure_mlflow(run_dir: str | Path, experiment: str) -> str:
     """Point MLflow at the store and the experiment (created if new); returns the experiment id.
 
@@ -33,19 +80,52 @@ def configure_mlflow(run_dir: str | Path, experiment: str) -> str:
 
     uri = tracking_uri(run_dir)
     mlflow.set_tracking_uri(uri)
-    exp = mlflow.get_experiment_by_name(experiment)
-    if exp is None:
-        # A local store keeps artifacts beside the database; a server decides for itself.
-        location = (Path(run_dir).resolve() / "mlartifacts").as_uri() if uri.startswith("sqlite:") else None
-        exp_id = mlflow.create_experiment(experiment, artifact_location=location)
-    else:
-        exp_id = exp.experiment_id
-    if exp is None or exp.tags.get(EXPERIMENT_KIND_TAG) is None:
-        # MLflow 3 opens an experiment without this tag in its GenAI view (traces, evaluation runs); a training
-        # pipeline's runs belong in the model-training view.
-        mlflow.MlflowClient().set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
+    # Two runs sharing a SQLite store (one run directory) would both create its tables on first use (measured:
+    # "table _alembic_tmp_experiments already exists") and both create the experiment; one at a time, the second
+    # finds them made. A server serialises this itself.
+    db = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else None
+    with file_lock(Path(f"{db}.lock"), f"the MLflow store {db}") if db else contextlib.nullcontext():
+        exp = mlflow.get_experiment_by_name(experiment)
+        if exp is None:
+            # A local store keeps artifacts beside the database; a server decides for itself.
+            location = (Path(run_dir).resolve() / "mlartifacts").as_uri() if db else None
+            exp_id = mlflow.create_experiment(experiment, artifact_location=location)
+        else:
+            exp_id = exp.experiment_id
+        if exp is None or exp.tags.get(EXPERIMENT_KIND_TAG) is None:
+            # MLflow 3 opens an experiment without this tag in its GenAI view (traces, evaluation runs); a training
+            # pipeline's runs belong in the model-training view.
+            mlflow.MlflowClient().set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
     mlflow.set_experiment(experiment_id=exp_id)
     return exp_id
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, what: str) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (created if absent) for the block, saying so when another process holds it.
+
+    An OS lock (flock), not a lock file that must be removed: it goes away with the process that held it, so a run
+    that crashed or was killed never leaves others waiting."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.info("waiting for another run to finish with %s (lock %s)", what, path)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def registry_lock(run_dir: str | Path, model_name: str) -> contextlib.AbstractContextManager[None]:
+    """Registrations of one model by runs sharing a run directory, one at a time: the gate compares a new version
+    with the current champion, and two runs gating at once would both see the same champion (or none) and could
+    both take `champion` (measured: two concurrent first runs both registered as "first version"). Runs on other
+    machines that share only a tracking server are not covered."""
+    key = hashlib.sha256(f"{tracking_uri(run_dir)}\0{model_name}".encode()).hexdigest()[:16]
+    return file_lock(Path(run_dir).resolve() / ".locks" / f"register-{key}.lock", f"registering {model_name}")
 
 
 @contextlib.contextmanager
