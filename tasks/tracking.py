@@ -25,6 +25,9 @@ def tracking_uri(run_dir: str | Path) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
 
 
+_HOW_TO_FIX = ": start the tracking server, or point MLFLOW_TRACKING_URI at one that is up"
+
+
 class TrackingUnavailable(ConnectionError):
     """The MLflow tracking server does not answer (stopped, restarting, out of reach): worth retrying later."""
 
@@ -48,9 +51,9 @@ def require_reachable(uri: str, timeout_s: float = 5.0) -> None:
     except requests.exceptions.SSLError:
         return
     except (requests.ConnectionError, requests.Timeout) as e:
-        raise TrackingUnavailable(f"MLflow at {uri} is unreachable ({type(e).__name__} on {url})") from e
+        raise TrackingUnavailable(f"MLflow at {uri} is unreachable ({type(e).__name__} on {url}){_HOW_TO_FIX}") from e
     if response.status_code in (502, 503, 504):
-        raise TrackingUnavailable(f"MLflow at {uri} is unavailable (HTTP {response.status_code} on {url})")
+        raise TrackingUnavailable(f"MLflow at {uri} is unavailable (HTTP {response.status_code} on {url}){_HOW_TO_FIX}")
 
 
 def unreachable(exc: BaseException | None) -> bool:
