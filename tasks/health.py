@@ -35,7 +35,8 @@ if TYPE_CHECKING:  # transformers and torch load when a round trains, not when t
 
 # Two weighted rewards closer than this are equal: float32 sums of equal rewards differ by ~1e-7.
 ZERO_SPREAD_TOL = 1e-6
-# TRL's names for the logged metrics this module reads (trl 1.16, GRPOTrainer._compute_loss / _generate...).
+# TRL's names for the logged metrics this module reads (trl 1.16: GRPOTrainer._compute_loss logs kl, entropy and
+# clip_ratio/*, GRPOTrainer._generate completions/*).
 TRL_KEYS = {
     "kl": "kl",
     "entropy": "entropy",
@@ -68,7 +69,7 @@ RATIO_ALARMS = {
         "or lower grpo.learning_rate",
     ),
 }
-MLFLOW_TAG = "health."  # health.status, health.alarms, health.alarm.<kind> on the round's run
+MLFLOW_TAG = "health."  # health.status and health.alarm.<kind> on the round's run
 ZERO_SPREAD_METRIC = "health/zero_spread_frac"
 
 
@@ -443,18 +444,25 @@ class RoundHealth:
 
 
 def nonfinite_parameter(model: torch.nn.Module) -> str | None:
-    """The name of the first parameter holding a NaN or inf, else None (one device sync per device)."""
+    """The name of the first parameter holding a NaN or inf, else None.
+
+    Cheap enough for every step: one float32 sum per parameter and one device sync (a NaN or inf anywhere makes its
+    sum non-finite; float32 keeps the sums of sane weights, float16 ones too, far from overflow). Only when a sum is
+    not finite are the elements checked, which also tells weights that are huge but finite from NaN or inf."""
     import torch
 
     with torch.no_grad():
-        params = [(name, p) for name, p in model.named_parameters() if p.numel()]
         by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
-        for name, p in params:
-            by_device.setdefault(p.device, []).append((name, p))
+        for name, p in model.named_parameters():
+            if p.numel():
+                by_device.setdefault(p.device, []).append((name, p))
         for group in by_device.values():
-            finite = torch.stack([torch.isfinite(p).all() for _, p in group])
-            if not bool(finite.all()):
-                return group[int((~finite).nonzero()[0])][0]
+            sums = torch.stack([p.sum(dtype=torch.float32) for _, p in group])
+            if bool(torch.isfinite(sums).all()):
+                continue
+            for name, p in group:
+                if not bool(torch.isfinite(p).all()):
+                    return name
     return None
 
 
