@@ -27,6 +27,7 @@ GSM8K = ROOT / "configs" / "qwen2.5-0.5b-gsm8k.yaml"
 HUMANEVAL = ROOT / "configs" / "qwen2.5-coder-0.5b-humaneval.yaml"
 RECIPES = sorted((ROOT / "configs").glob("qwen2.5-*.yaml"))
 BENCHMARK = ROOT / "benchmarks" / "gpu_throughput.py"
+VARIANTS = ("lora", "qlora", "multigpu")
 
 
 def _has_cuda() -> bool:
@@ -54,7 +55,8 @@ def weighted(cfg, rows, completions: list[str]) -> list[float]:
 
 
 def test_the_gpu_recipes_are_bundled():
-    assert {GSM8K, HUMANEVAL} <= set(RECIPES)
+    variants = {ROOT / "configs" / f"qwen2.5-0.5b-gsm8k-{v}.yaml" for v in VARIANTS}
+    assert {GSM8K, HUMANEVAL, *variants} <= set(RECIPES)
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
@@ -89,6 +91,26 @@ def test_gsm8k_recipe(shared_data):
 
 def first_question(path: Path) -> str:
     return json.loads(path.read_text().splitlines()[0])["question"]
+
+
+def test_gsm8k_variants_differ_from_it_only_where_they_say():
+    """LoRA, QLoRA for small GPUs and several GPUs: the same task, rewards and data as the base recipe."""
+    base = load_config(GSM8K)
+    lora, qlora, multi = (load_config(ROOT / "configs" / f"qwen2.5-0.5b-gsm8k-{v}.yaml") for v in VARIANTS)
+    for variant in (lora, qlora, multi):
+        assert (variant.data, variant.grpo.rewards, variant.eval.correctness_reward) == (
+            base.data,
+            base.grpo.rewards,
+            base.eval.correctness_reward,
+        )
+        assert variant.registry.model_name != base.registry.model_name  # their versions are not mixed up
+    assert lora.model.lora is not None and not lora.model.load_in_4bit and base.model.lora is None
+    assert qlora.model.load_in_4bit and qlora.model.lora is not None
+    small = qlora.grpo.prompts_per_step * qlora.grpo.generations_per_prompt * qlora.grpo.max_completion_tokens
+    large = base.grpo.prompts_per_step * base.grpo.generations_per_prompt * base.grpo.max_completion_tokens
+    assert small < large / 2  # a step's tokens, which set its activation memory
+    assert multi.distributed.num_processes > 1 and multi.grpo.prompts_per_step % multi.distributed.num_processes == 0
+    assert (ROOT / multi.distributed.accelerate_config).is_file()  # relative to the project, where runs start
 
 
 def test_humaneval_recipe(shared_data, code_sandbox):
