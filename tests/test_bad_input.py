@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -282,13 +283,33 @@ FLOW_CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def flow_runs(
+    request: pytest.FixtureRequest, prefect_api: str, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[Path, list[str], int, str]]:
+    """The selected flow cases, run two at a time: a CLI run is mostly single-threaded imports, so two fill the two
+    cores of a small machine. Each case keeps its own test (and its own directory)."""
+    selected = [
+        item.callspec.params["case"]
+        for item in request.session.items
+        if getattr(item, "originalname", "") == "test_bad_data_or_model_fails_before_training"
+    ]
+
+    def one(case: str) -> tuple[str, tuple[Path, list[str], int, str]]:
+        tmp = tmp_path_factory.mktemp(re.sub(r"\W+", "-", case))
+        overrides, expect = FLOW_CASES[case](tmp)
+        return case, (tmp, expect, *run(tmp, *overrides, api=prefect_api))
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(one, selected))
+
+
 @integration
 @pytest.mark.parametrize("case", list(FLOW_CASES))
-def test_bad_data_or_model_fails_before_training(case: str, tmp_path: Path, prefect_api: str) -> None:
-    overrides, expect = FLOW_CASES[case](tmp_path)
-    code, out = run(tmp_path, *overrides, api=prefect_api)
+def test_bad_data_or_model_fails_before_training(case: str, flow_runs: dict) -> None:
+    tmp, expect, code, out = flow_runs[case]
     assert code == 1, out[-3000:]
-    assert_rejected(code, out, tmp_path, *expect)
+    assert_rejected(code, out, tmp, *expect)
 
 
 @integration
