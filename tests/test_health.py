@@ -199,6 +199,31 @@ def test_stagnation_window_must_exceed_the_start_window():
     assert load_config(None, ["monitors.window_steps=50", "monitors.stagnation_steps=0"]).monitors.window_steps == 50
 
 
+def test_monitor_settings_key_the_round_and_allow_unhealthy_keys_registration():
+    """A round's alarms are part of its result, so its thresholds are part of its key (README's rerun table)."""
+    from grpo_pipeline.tasks.grpo import grpo_train
+    from grpo_pipeline.tasks.register import register_policy
+
+    cfg = load_config(None, [])
+    ctx = RunContext.of(cfg)
+    start, train = Checkpoint(path="sft", fingerprint="sft"), Ref(path="train", fingerprint="train")
+
+    def key(fn, /, *args, **kwargs) -> str:
+        params = fn.__signature__.bind(*args, **kwargs)
+        params.apply_defaults()
+        return fn.stage.key(params.arguments)
+
+    def round_key(monitors: MonitorsConfig) -> str:
+        return key(grpo_train, start, train, cfg.grpo, cfg.model, 1, ctx, monitors=monitors)
+
+    assert round_key(cfg.monitors) == round_key(MonitorsConfig())
+    assert round_key(cfg.monitors) != round_key(MonitorsConfig(kl_max=0.5))
+    policy = Checkpoint(path="r1", fingerprint="r1", run_id="run")
+    assert key(register_policy, policy, None, None, cfg.registry, ctx, "", {}) != key(
+        register_policy, policy, None, None, RegistryConfig(allow_unhealthy=True), ctx, "", {}
+    )
+
+
 # ----------------------------------------------------------------------------- the default recipe stays silent
 
 # Logged every 20 steps by TRL in a real run of configs/tiny-arith.yaml (both rounds, 250 steps each; MLflow metrics
