@@ -166,7 +166,6 @@ def test_registration_outlasts_an_mlflow_outage_without_training_again(tmp_path,
     second = Pipeline(tmp_path, env, "second", "registry.model_name=outage-b")
     try:
         second.wait_for("Retry 1/6", timeout_s=300)
-        down_for = time.monotonic()
         mlflow_server.start()
         summary = second.finish()
     finally:
@@ -174,10 +173,10 @@ def test_registration_outlasts_an_mlflow_outage_without_training_again(tmp_path,
     output = second.output()
     assert f"MLflow at {mlflow_server.url} is unreachable" in output, output[-4000:]
     assert "Retry 1/6 will start 5 second(s) from now" in output, output[-4000:]
-    assert time.monotonic() - down_for > 1  # the run really waited for the server
 
-    # exit 0, the training came from the cache, the registration ran (and was retried)
+    # exit 0, the training came from the cache, the registration ran, waiting out at least the first retry delay
     stages = cached(summary)
+    assert next(s["seconds"] for s in summary["stages"] if s["stage"] == "register-r1") >= 5
     assert stages.pop("register-r1") is False
     assert all(stages.values()), stages
     (registered,) = summary["registrations"]
