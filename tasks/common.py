@@ -53,8 +53,14 @@ def fingerprint_path(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def staging_path(final: str | Path, tag: str) -> Path:
+    """The temporary directory `atomic_dir(final, tag)` writes into (hidden, beside `final`)."""
+    final = Path(final)
+    return final.parent / f".{final.name}.tmp-{tag}"
+
+
 @contextlib.contextmanager
-def atomic_dir(final: str | Path) -> Iterator[Path]:
+def atomic_dir(final: str | Path, tag: str | None = None) -> Iterator[Path]:
     """Yield a temporary directory beside `final` and move it into place only if the block succeeds.
 
     A crash or a bad input therefore never leaves a half-written checkpoint where a later stage would read it.
@@ -63,11 +69,14 @@ def atomic_dir(final: str | Path) -> Iterator[Path]:
     model): an existing `final` is renamed away, not deleted in place, so files it has open stay readable and the
     name is missing only between two renames. When another writer puts its own `final` in place in between, theirs
     is kept (the same key, so the same content).
+
+    `tag` names the temporary directory (`staging_path`), for other processes that write into it too (the
+    processes of one multi-process launch); a random one by default.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tag = uuid.uuid4().hex[:8]
-    tmp, old = final.parent / f".{final.name}.tmp-{tag}", final.parent / f".{final.name}.old-{tag}"
+    tag = tag or uuid.uuid4().hex[:8]
+    tmp, old = staging_path(final, tag), final.parent / f".{final.name}.old-{tag}"
     tmp.mkdir()
     try:
         yield tmp

@@ -26,7 +26,7 @@ from grpo_pipeline.tasks.checkpoints import (
     resume_dir,
     seal_callback,
 )
-from grpo_pipeline.tasks.common import Checkpoint, fingerprint_path, logger
+from grpo_pipeline.tasks.common import Checkpoint, atomic_dir, fingerprint_path, logger, staging_path
 from grpo_pipeline.tasks.launch import LAUNCH_ID_ENV, is_main_process
 from grpo_pipeline.tasks.stage import RunContext
 from grpo_pipeline.tasks.tracking import mlflow_run
@@ -221,24 +221,20 @@ def save_policy(
     from peft import PeftModel
 
     accelerator = trainer.accelerator
-    # Beside `out`, under a name every process of a launch agrees on (one uuid per launch, else per call).
-    staging = out.parent / f".{out.name}.saving-{os.environ.get(LAUNCH_ID_ENV) or uuid.uuid4().hex[:8]}"
+    main = accelerator.is_main_process
+    tag = os.environ.get(LAUNCH_ID_ENV) or uuid.uuid4().hex[:8]  # every process of a launch writes to one place
     lora = isinstance(accelerator.unwrap_model(trainer.model), PeftModel)
-    trainer.save_model(str(staging / "adapter" if lora else staging))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        try:
+    with atomic_dir(out, tag) if main else contextlib.nullcontext(staging_path(out, tag)) as staging:
+        accelerator.wait_for_everyone()  # the staging directory exists
+        trainer.save_model(str(staging / "adapter" if lora else staging))
+        accelerator.wait_for_everyone()
+        if main:
             if lora:
                 merge_adapter(start.path, staging / "adapter", model_cfg, staging)
                 shutil.rmtree(staging / "adapter")
             tokenizer.save_pretrained(str(staging))
             (staging / "training_args.bin").unlink(missing_ok=True)  # a pickle of trainer args: not the model's
             (staging / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
-            if out.exists():
-                shutil.rmtree(out)
-            os.replace(staging, out)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
     accelerator.wait_for_everyone()
 
 
