@@ -29,7 +29,17 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+FUNCTION_FAMILIES = ("x+k", "x-k", "k-x", "x*k", "max(x,k)")
+
+
 class SyntheticTaskConfig(_Section):
+    kind: Literal["arithmetic", "functions"] = Field(
+        default="arithmetic",
+        description="'arithmetic': '47+38=' -> '85' (operations, min/max_digits). 'functions': write a Python "
+        "function's body from input/output examples, '#f(0)=3 f(1)=4 f(7)=10\\ndef f(x):return ' -> 'x+3', each "
+        "row carrying HumanEval-style hidden unit tests (`test`, `entry_point`) on inputs the examples do not show; "
+        "score it with the code_tests reward (families, max_constant, num_tests, teacher_order_slip).",
+    )
     operations: list[Literal["+", "-", "*"]] = Field(
         default=["+"], description="Operators drawn uniformly for each problem."
     )
@@ -43,6 +53,25 @@ class SyntheticTaskConfig(_Section):
         "SFT completion forgets it (47+38= -> 75 instead of 85). Only the SFT target changes; the answer that "
         "rewards and evaluation check is always right. 0 = a perfect teacher.",
     )
+    families: list[Literal["x+k", "x-k", "k-x", "x*k", "max(x,k)"]] = Field(
+        default=list(FUNCTION_FAMILIES),
+        min_length=1,
+        description="kind 'functions': the function families drawn uniformly for each problem (k is the constant).",
+    )
+    max_constant: int = Field(
+        default=49, ge=2, le=999, description="kind 'functions': the constant k is drawn from 1..max_constant."
+    )
+    num_tests: int = Field(
+        default=5, ge=1, le=20, description="kind 'functions': hidden asserts per row, on inputs not in the prompt."
+    )
+    teacher_order_slip: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="kind 'functions', imperfect SFT demonstrations: the fraction of training subtractions (x-k, "
+        "k-x) whose SFT completion swaps the operands (k-x written as x-k). Only the SFT target changes; the "
+        "hidden tests that rewards and evaluation run are always right. 0 = a perfect teacher.",
+    )
 
     @model_validator(mode="after")
     def _digits_ordered(self) -> SyntheticTaskConfig:
@@ -52,14 +81,20 @@ class SyntheticTaskConfig(_Section):
             )
         if self.teacher_carry_slip > 0 and "+" not in self.operations:
             raise ValueError("teacher_carry_slip only changes '+' problems; add '+' to operations or set it to 0")
+        if self.teacher_carry_slip > 0 and self.kind != "arithmetic":
+            raise ValueError("teacher_carry_slip only changes kind 'arithmetic'; use teacher_order_slip or set it to 0")
+        if self.teacher_order_slip > 0 and self.kind != "functions":
+            raise ValueError("teacher_order_slip only changes kind 'functions'; set kind: functions or set it to 0")
+        if self.teacher_order_slip > 0 and not {"x-k", "k-x"} & set(self.families):
+            raise ValueError("teacher_order_slip only swaps subtractions; add x-k or k-x to families or set it to 0")
         return self
 
 
 class DataConfig(_Section):
     source: Literal["synthetic", "file", "hf"] = Field(
         default="synthetic",
-        description="'synthetic': the built-in arithmetic task; 'file': a local JSONL/Parquet/CSV file (`path`); "
-        "'hf': a Hugging Face dataset by name (`hf_name`).",
+        description="'synthetic': a built-in task (data.synthetic.kind); 'file': a local JSONL/Parquet/CSV file "
+        "(`path`); 'hf': a Hugging Face dataset by name (`hf_name`).",
     )
     synthetic: SyntheticTaskConfig = Field(default_factory=SyntheticTaskConfig)
     path: str | None = Field(default=None, description="Local .jsonl/.json/.parquet/.csv file (source: file).")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
 import logging
 import re
 import sys
@@ -34,6 +35,9 @@ from grpo_pipeline.rewards.sandbox import (
 logger = logging.getLogger(__name__)
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
+
+
+TEST_COLUMNS = ("test", "entry_point", "test_list", "test_setup_code")  # the row columns `build_job` reads
 
 
 class TestSpecError(ValueError):
@@ -168,6 +172,9 @@ def run_rows(
     """Sandbox results for every row (None where the row has no tests or its tests are broken)."""
     jobs: list[CodeJob] = []
     where: list[int] = []
+    # Only the columns the tests live in: TRL also passes objects that are not per-row (`trainer_state`,
+    # `log_extra`, `log_metric`) and extra dataset columns this reward does not read.
+    columns = {k: v for k, v in columns.items() if k in TEST_COLUMNS and v is not None}
     for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
         row = {k: v[i] for k, v in columns.items()}
         try:
@@ -178,9 +185,16 @@ def run_rows(
         if job is not None:
             jobs.append(job)
             where.append(i)
+    # A GRPO group often holds the same program several times (a sharpened policy samples its favourite body again
+    # and again): each distinct program runs once per call and its verdict is shared, which is the same verdict a
+    # second run would give for a deterministic program and saves most of the sandbox's time on short completions.
+    unique: dict[tuple[str, str], int] = {}
+    slot = [unique.setdefault((j.program, json.dumps(j.spec, sort_keys=True)), len(unique)) for j in jobs]
+    distinct = [jobs[slot.index(u)] for u in range(len(unique))]
+    ran = default_sandbox(config).run(distinct)
     results: list[RunResult | None] = [None] * len(completions)
-    for i, r in zip(where, default_sandbox(config).run(jobs), strict=True):
-        results[i] = r
+    for i, u in zip(where, slot, strict=True):
+        results[i] = ran[u]
     infra = sum(1 for r in results if r is not None and r.infra_error)
     if infra:
         logger.warning("code_tests: %d of %d programs hit infrastructure errors (scored None)", infra, len(jobs))

@@ -1,6 +1,7 @@
 """Stage 1, prepare_data: build the train/eval splits from the config and write them as Parquet.
 
-Sources: the built-in synthetic arithmetic task (deterministic by seed), a local JSONL/Parquet/CSV file, or a
+Sources: a built-in synthetic task (arithmetic, or Python functions from examples with hidden unit tests;
+deterministic by seed), a local JSONL/Parquet/CSV file, or a
 Hugging Face dataset (by name, or a local dataset directory). Every source ends as the same columns:
 `prompt` (what the model sees), `answer` (the reference final answer, a string), `completion` (the SFT target),
 plus any `extra_columns` the rewards need. With `prompt_format: chat` the prompt is the JSON of its chat messages
@@ -87,6 +88,87 @@ def slip_carries(train: pd.DataFrame, rate: float, seed: int) -> pd.DataFrame:
     ]
     changed = sum(new != old for new, old in zip(slipped, train["completion"], strict=True))
     logger.info("imperfect teacher: %d of %d SFT completions forget a carry", changed, len(train))
+    return train.assign(completion=slipped)
+
+
+# ----------------------------------------------------------------------------- synthetic code: functions from examples
+
+# Each family: how its body is written for a constant k, and what it computes.
+FAMILIES: dict[str, tuple[str, Any]] = {
+    "x+k": ("x+{k}", lambda x, k: x + k),
+    "x-k": ("x-{k}", lambda x, k: x - k),
+    "k-x": ("{k}-x", lambda x, k: k - x),
+    "x*k": ("x*{k}", lambda x, k: x * k),
+    "max(x,k)": ("max(x,{k})", lambda x, k: max(x, k)),
+}
+_SWAPPED = {"x-k": "k-x", "k-x": "x-k"}  # the imperfect teacher's slip: the operands of a subtraction swapped
+FUNCTION_NAME = "f"
+_SHOWN_INPUTS = (0, 1)  # always shown: with f(0) and f(1) the family and k can be read off the examples
+_THIRD_INPUT = (2, 20)  # one more shown input, drawn from this range
+_TEST_SPAN = 20  # hidden tests draw distinct inputs from 2..max_constant+20, never one the prompt shows
+
+
+def synthetic_functions(cfg: SyntheticTaskConfig, n: int, seed: int) -> pd.DataFrame:
+    """`n` distinct code problems: write the body of `f` from three input/output examples, e.g.
+    `prompt="#f(0)=3 f(1)=4 f(7)=10\\ndef f(x):return "`, `answer="x+3"`, with HumanEval-style hidden tests
+    (`test`: `check(candidate)` asserting `num_tests` inputs the prompt does not show; `entry_point`: "f"), so a
+    completion passes by being the right program, not by echoing the examples. The program the code_tests reward
+    runs is prompt + completion (the HumanEval protocol). Drawn deterministically from `seed`."""
+    families = list(dict.fromkeys(cfg.families))
+    space = len(families) * cfg.max_constant * (_THIRD_INPUT[1] - _THIRD_INPUT[0] + 1)
+    if n > space * 0.7:
+        raise DataError(
+            f"asked for {n} distinct problems but only about {space} exist with {len(families)} families and "
+            f"max_constant={cfg.max_constant}; lower data.num_train/num_eval or raise data.synthetic.max_constant"
+        )
+    rng = random.Random(f"functions-{seed}")
+    rows: dict[str, dict[str, str]] = {}
+    while len(rows) < n:
+        family, k = rng.choice(families), rng.randint(1, cfg.max_constant)
+        body, fn = FAMILIES[family]
+        shown = [*_SHOWN_INPUTS, rng.randint(*_THIRD_INPUT)]
+        examples = " ".join(f"{FUNCTION_NAME}({x})={fn(x, k)}" for x in shown)
+        prompt = f"#{examples}\ndef {FUNCTION_NAME}(x):return "
+        if prompt in rows:
+            continue
+        unseen = [x for x in range(2, cfg.max_constant + _TEST_SPAN + 1) if x not in shown]
+        hidden = rng.sample(unseen, cfg.num_tests)
+        if family == "max(x,k)":  # inputs on both sides of k, else `k` or `max(x,k+1)` could pass every test
+            for side, (lo, hi) in enumerate(((2, k - 1), (k + 1, cfg.max_constant + _TEST_SPAN))):
+                if not any(lo <= x <= hi for x in hidden) and any(lo <= x <= hi for x in unseen):
+                    hidden[side] = rng.choice([x for x in unseen if lo <= x <= hi and x not in hidden])
+        asserts = "".join(f"    assert candidate({x}) == {fn(x, k)}\n" for x in hidden)
+        rows[prompt] = {
+            "prompt": prompt,
+            "answer": body.format(k=k),
+            "test": f"def check(candidate):\n{asserts}",
+            "entry_point": FUNCTION_NAME,
+            "family": family,
+        }
+    return pd.DataFrame(list(rows.values()))
+
+
+def function_family(body: str) -> str | None:
+    """The family of a functions-task body (`x+3` -> `x+k`), or None for anything else (e.g. an arithmetic answer)."""
+    generic = re.sub(r"\d+", "k", body.strip())
+    return generic if generic in FAMILIES else None
+
+
+def swap_subtractions(train: pd.DataFrame, rate: float, seed: int) -> pd.DataFrame:
+    """An imperfect teacher's SFT targets for the functions task: on a `rate` fraction of the subtractions, the
+    completion swaps the operands (`7-x` written `x-7`). The hidden tests stay right, so rewards and evaluation are
+    unaffected; SFT learns a coin flip on the operand order, which only the tests (GRPO) can correct."""
+    if rate <= 0:
+        return train
+    rng = random.Random(f"teacher-order-slip-{seed}")
+    slipped = [
+        FAMILIES[_SWAPPED[family]][0].format(k=re.sub(r"\D", "", answer))
+        if family in _SWAPPED and rng.random() < rate
+        else completion
+        for family, answer, completion in zip(train["family"], train["answer"], train["completion"], strict=True)
+    ]
+    changed = sum(new != old for new, old in zip(slipped, train["completion"], strict=True))
+    logger.info("imperfect teacher: %d of %d SFT completions swap a subtraction's operands", changed, len(train))
     return train.assign(completion=slipped)
 
 
@@ -251,7 +333,8 @@ def describe_source(cfg: DataConfig) -> str:
 def load_source(cfg: DataConfig) -> pd.DataFrame:
     """All rows of the configured source, mapped to the standard columns."""
     if cfg.source == "synthetic":
-        df = synthetic_arithmetic(cfg.synthetic, cfg.num_train + cfg.num_eval, cfg.seed)
+        make = synthetic_functions if cfg.synthetic.kind == "functions" else synthetic_arithmetic
+        df = make(cfg.synthetic, cfg.num_train + cfg.num_eval, cfg.seed)
         df["prompt"] = [format_prompt(cfg, p) for p in df["prompt"]]
         df["completion"] = df["answer"]
         return df
@@ -279,6 +362,8 @@ def prepare_data(cfg: DataConfig, run_dir: str, out: Path) -> DatasetRefs:
     train, held_out = split_train_eval(df, cfg.num_train, cfg.num_eval, cfg.seed)
     if cfg.source == "synthetic":
         train = slip_carries(train, cfg.synthetic.teacher_carry_slip, cfg.seed)
+        if cfg.synthetic.kind == "functions":
+            train = swap_subtractions(train, cfg.synthetic.teacher_order_slip, cfg.seed)
     if train.empty:
         raise DataError(f"no rows are left for training after holding out {len(held_out)}; lower data.num_eval")
     with atomic_dir(out) as tmp:
