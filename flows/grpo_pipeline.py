@@ -152,6 +152,7 @@ def grpo_pipeline(
     cfg = config if config is not None else load_config(recipe, overrides or [])
     setup(cfg)
     check_config(cfg)  # run dir, rewards, base model path: fail before any stage runs
+    check_model_runtime(cfg.model)  # 4-bit weights need CUDA
     logger = get_run_logger()
     ctx = RunContext.of(cfg)
     records: list[StageRecord] = []
@@ -173,7 +174,6 @@ def grpo_pipeline(
     alarms: list[tuple[str, ...]] = []  # each round's training-health alarms, for the summary
     grpo = grpo_train if cfg.grpo.work_pool is None else grpo_train_remote
     # Lineage: a round's parent is the version registered for the round before it, else the base model by name.
-    check_model_runtime(cfg.model)  # 4-bit weights need CUDA
     parent_model = base.lineage
     for r in range(1, cfg.grpo.rounds + 1):
         start, train = policy, data.train
