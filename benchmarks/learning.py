@@ -5,12 +5,15 @@ nothing comes from the cache), then prints:
   - held-out greedy accuracy of the SFT checkpoint and of the last GRPO round (and pass@k),
   - their difference in points with a paired bootstrap 95% CI over the same problems,
   - the sampled-reward curve of each GRPO round (first and last logged steps) and the held-out probe,
+  - for a recipe with code rewards (configs/tiny-code.yaml), the share of GRPO wall time spent in the sandbox
+    (the code reward's own time, as TRL profiles it, over the round's training time),
   - wall time per stage and in total (the whole command: process start, Prefect server, every stage).
 The last line is machine-readable:
   gain_pts=<x> ci_low=<y> ci_high=<z> total_s=<t>
 
 Usage:
   python benchmarks/learning.py                       # fresh run under runs/benchmark-learning-<time>
+  python benchmarks/learning.py --config configs/tiny-code.yaml   # the code RL recipe
   python benchmarks/learning.py --run-dir D --reuse   # analyse the run already in D (no training)
   python benchmarks/learning.py -- grpo.steps_per_round=300   # overrides are passed to the pipeline
 """
@@ -29,11 +32,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from grpo_pipeline.configs.schema import load_config  # noqa: E402
-from grpo_pipeline.tasks.data import needs_carry  # noqa: E402
+from grpo_pipeline.tasks.data import function_family, needs_carry  # noqa: E402
 from grpo_pipeline.tasks.evaluate import ITEMS_FILE  # noqa: E402
 from grpo_pipeline.tasks.metrics import paired_bootstrap_ci  # noqa: E402
 
 RECORD = "benchmark-record.json"
+CODE_REWARDS = ("code_tests",)  # rewards that run programs in the sandbox (rewards/code.py)
+PROFILE = "profiling/Time taken: GRPOTrainer.{}"  # TRL times each reward call under this MLflow metric
 
 
 def run_pipeline(config: Path, run_dir: Path, overrides: list[str]) -> dict:
@@ -76,17 +81,37 @@ def details(run_dir: Path, label: str) -> dict:
     if not found:
         raise SystemExit(f"no evaluation '{label}' under {run_dir}; run the benchmark without --reuse")
     items = [json.loads(line) for line in found[-1].read_text().splitlines()]
-    return {"prompts": [it["prompt"] for it in items], "greedy_correct": [it["greedy_correct"] for it in items]}
+    return {
+        "prompts": [it["prompt"] for it in items],
+        "answers": [str(it["answer"]) for it in items],
+        "greedy_correct": [it["greedy_correct"] for it in items],
+    }
 
 
-def curves(run_dir: Path, run_id: str) -> dict[str, list[tuple[int, float]]]:
+def curves(run_dir: Path, run_id: str, correctness: str = "correctness") -> dict[str, list[tuple[int, float]]]:
+    """The logged curves of one GRPO round; the sampled accuracy is the mean of the `correctness` reward."""
     import mlflow
 
     from grpo_pipeline.tasks.curves import PROBE_METRIC
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run_dir.resolve() / 'mlflow.db'}")
-    keys = ["reward", "rewards/correctness/mean", "frac_reward_zero_std", PROBE_METRIC]
+    keys = ["reward", f"rewards/{correctness}/mean", "frac_reward_zero_std", PROBE_METRIC]
     return {k: sorted((m.step, m.value) for m in client.get_metric_history(run_id, k)) for k in keys}
+
+
+def sandbox_share(run_dir: Path, run_id: str, rewards: list[str]) -> tuple[float, float, int] | None:
+    """(seconds in the code rewards, seconds of training, reward calls) of one GRPO round, from its MLflow run:
+    TRL times every reward call (`PROFILE`) and the Trainer logs `train_runtime`. None without a code reward."""
+    import mlflow
+
+    code = [r for r in rewards if r in CODE_REWARDS]
+    if not code:
+        return None
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run_dir.resolve() / 'mlflow.db'}")
+    reward_s = sum(m.value for r in code for m in client.get_metric_history(run_id, PROFILE.format(r)))
+    calls = len(client.get_metric_history(run_id, PROFILE.format(code[0])))  # one reward call per GRPO step
+    train_s = client.get_run(run_id).data.metrics.get("train_runtime", float("nan"))
+    return reward_s, train_s, calls
 
 
 def _mean_of(points: list[tuple[int, float]], first: bool, n: int = 3) -> float:
@@ -149,9 +174,26 @@ def main() -> None:
                     f"  problems {label} (n={len(idx)}): SFT {sum(before[i] for i in idx) / len(idx):.3f} -> "
                     f"GRPO {sum(after[i] for i in idx) / len(idx):.3f}"
                 )
+    families = [function_family(a) for a in sft["answers"]]
+    if None not in families:  # the synthetic functions task: which families did GRPO fix?
+        for family in sorted(set(families)):
+            idx = [i for i, f in enumerate(families) if f == family]
+            print(
+                f"  family {family:<9} (n={len(idx)}): SFT {sum(before[i] for i in idx) / len(idx):.3f} -> "
+                f"GRPO {sum(after[i] for i in idx) / len(idx):.3f}"
+            )
+    reward_names = [r.name for r in cfg.grpo.rewards]
     for reg in summary["registrations"]:
-        c = curves(run_dir, reg["run_id"])
-        r, acc, zero = c["reward"], c["rewards/correctness/mean"], c["frac_reward_zero_std"]
+        c = curves(run_dir, reg["run_id"], cfg.eval.correctness_reward)
+        share = sandbox_share(run_dir, reg["run_id"], reward_names)
+        if share is not None:
+            reward_s, train_s, steps = share
+            per_step = f", {1000 * reward_s / steps:.0f} of {1000 * train_s / steps:.0f} ms per step" if steps else ""
+            print(
+                f"  sandbox share of GRPO wall time (model version {reg['version']}): {100 * reward_s / train_s:.1f}% "
+                f"(code reward {reward_s:.1f} s of {train_s:.1f} s training{per_step})"
+            )
+        r, acc, zero = c["reward"], c[f"rewards/{cfg.eval.correctness_reward}/mean"], c["frac_reward_zero_std"]
         probe = c["probe/greedy_accuracy"]
         print(
             f"  sampled reward (model version {reg['version']}): {_mean_of(r, True):.3f} -> {_mean_of(r, False):.3f} "
