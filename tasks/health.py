@@ -19,6 +19,7 @@ one round's glue (wraps the reward functions, reports alarms to the log and MLfl
 
 from __future__ import annotations
 
+import bisect
 import functools
 import inspect
 import math
@@ -92,28 +93,33 @@ class Alarm:
 
 @dataclass
 class Series:
-    """Readings of one quantity as (step, value, weight); a window mean weighs each reading by the steps or
-    samples it stands for."""
+    """Readings of one quantity, in step order, each with the weight (steps or samples) it stands for in a mean."""
 
-    points: list[tuple[int, float, float]] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    weights: list[float] = field(default_factory=list)
 
     def add(self, step: int, value: float | None, weight: float = 1.0) -> None:
         if value is not None and math.isfinite(value) and weight > 0:
-            self.points.append((step, float(value), float(weight)))
+            self.steps.append(step)
+            self.values.append(float(value))
+            self.weights.append(float(weight))
 
-    def mean(self, lo: int, hi: int) -> float | None:
-        """Weighted mean of the readings with lo < step <= hi; the latest reading at or before hi when none falls
-        inside (readings sparser than the window); None before any reading."""
-        inside = [(v, w) for s, v, w in self.points if lo < s <= hi]
-        if not inside:
-            before = [(v, w) for s, v, w in self.points if s <= hi]
-            inside = before[-1:]
-        total = sum(w for _, w in inside)
-        return sum(v * w for v, w in inside) / total if total else None
+    def mean(self, lo: int, hi: int, latest_if_empty: bool = True) -> float | None:
+        """Weighted mean of the readings with lo < step <= hi. When none falls inside (readings sparser than the
+        window), the latest one at or before hi, unless `latest_if_empty` is false; None without any reading."""
+        i, j = bisect.bisect_right(self.steps, lo), bisect.bisect_right(self.steps, hi)
+        if i == j:
+            if not latest_if_empty or j == 0:
+                return None
+            i = j - 1
+        total = sum(self.weights[i:j])
+        return sum(v * w for v, w in zip(self.values[i:j], self.weights[i:j], strict=True)) / total
 
     def first_step_from(self, step: int) -> int | None:
         """The step of the first reading at or after `step` (the reading that completes the start window)."""
-        return next((s for s, _, _ in self.points if s >= step), None)
+        k = bisect.bisect_left(self.steps, step)
+        return self.steps[k] if k < len(self.steps) else None
 
 
 def alarm_kinds(alarms: Sequence[str]) -> list[str]:
@@ -189,6 +195,7 @@ class HealthMonitor:
         self.fired: set[str] = set()
         self.best_reward: float | None = None
         self.nonfinite: tuple[int, str] | None = None
+        self._starts: dict[str, tuple[float, int]] = {}  # fixed once the first window is complete
         self._last_log_step = first_step
 
     # ------------------------------------------------------------------ readings
@@ -217,9 +224,7 @@ class HealthMonitor:
 
     def zero_spread_fraction(self, lo: int, hi: int) -> float | None:
         """The fraction of groups with zero reward spread over steps lo < step <= hi (no reading: None)."""
-        points = [(v, w) for s, v, w in self.series["zero_spread"].points if lo < s <= hi]
-        total = sum(w for _, w in points)
-        return sum(v * w for v, w in points) / total if total else None
+        return self.series["zero_spread"].mean(lo, hi, latest_if_empty=False)
 
     # ------------------------------------------------------------------ alarms
 
@@ -266,16 +271,19 @@ class HealthMonitor:
                 "grpo.epsilon allows; lower grpo.learning_rate or raise grpo.epsilon",
             )
         self._check_against_start(step, fire)
+        self._check_stagnation(step, fire)
         return found
 
     def _start(self, name: str) -> tuple[float, int] | None:
         """(the mean over the round's first window, the step that window ends at), once it is complete."""
-        series = self.series[name]
-        end = series.first_step_from(self.first_step + self.cfg.window_steps)
-        if end is None:
-            return None
-        start = series.mean(self.first_step, end)
-        return None if start is None else (start, end)
+        if name not in self._starts:
+            series = self.series[name]
+            end = series.first_step_from(self.first_step + self.cfg.window_steps)
+            mean = None if end is None else series.mean(self.first_step, end)
+            if end is None or mean is None:
+                return None
+            self._starts[name] = (mean, end)
+        return self._starts[name]
 
     def _check_against_start(self, step: int, fire: Callable[[str, str], None]) -> None:
         w = self.cfg.window_steps
@@ -293,7 +301,6 @@ class HealthMonitor:
                     f"{what} over steps {step - w + 1}-{step} is {now:.3g}, {ratio:.2f}x its start {start[0]:.3g} "
                     f"(monitors.{setting}={limit}); {hint}",
                 )
-        self._check_stagnation(step, fire)
 
     def _check_stagnation(self, step: int, fire: Callable[[str, str], None]) -> None:
         cfg = self.cfg
