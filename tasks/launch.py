@@ -24,7 +24,7 @@ import typing
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
@@ -33,7 +33,6 @@ from grpo_pipeline.configs.schema import ConfigError
 from grpo_pipeline.tasks.common import Checkpoint, logger
 from grpo_pipeline.tasks.stage import RunContext
 
-R = TypeVar("R")
 RESULT_ENV = "GRPO_PIPELINE_LAUNCH_RESULT"
 LAUNCH_ID_ENV = "GRPO_PIPELINE_LAUNCH_ID"  # one per launch: names what its processes write together
 
@@ -113,7 +112,7 @@ def launch(fn: Callable[..., Checkpoint], params: dict[str, Any], ctx: RunContex
         done = subprocess.run(cmd, env=env)
         if done.returncode != 0 or not result.is_file():
             raise RuntimeError(
-                f"{fn.__name__} in {ctx.num_processes} processes (accelerate launch) exited with code "
+                f"{fn.__name__} in {ctx.num_processes} processes ({cmd[2]}) exited with code "
                 f"{done.returncode}; its processes' errors are in the log above"
             )
         return Checkpoint.model_validate_json(result.read_text())
