@@ -68,9 +68,9 @@ class SyntheticTaskConfig(_Section):
         default=0.0,
         ge=0,
         le=1,
-        description="kind 'functions', imperfect SFT demonstrations: the fraction of training subtractions (x-k, "
-        "k-x) whose SFT completion swaps the operands (k-x written as x-k). Only the SFT target changes; the "
-        "hidden tests that rewards and evaluation run are always right. 0 = a perfect teacher.",
+        description="kind 'functions', imperfect SFT demonstrations: the fraction of training k-x problems whose "
+        "SFT completion swaps the operands (12-x written x-12). Only the SFT target changes; the hidden tests that "
+        "rewards and evaluation run are always right. 0 = a perfect teacher.",
     )
 
     @model_validator(mode="after")
@@ -85,8 +85,8 @@ class SyntheticTaskConfig(_Section):
             raise ValueError("teacher_carry_slip only changes kind 'arithmetic'; use teacher_order_slip or set it to 0")
         if self.teacher_order_slip > 0 and self.kind != "functions":
             raise ValueError("teacher_order_slip only changes kind 'functions'; set kind: functions or set it to 0")
-        if self.teacher_order_slip > 0 and not {"x-k", "k-x"} & set(self.families):
-            raise ValueError("teacher_order_slip only swaps subtractions; add x-k or k-x to families or set it to 0")
+        if self.teacher_order_slip > 0 and "k-x" not in self.families:
+            raise ValueError("teacher_order_slip only changes k-x problems; add k-x to families or set it to 0")
         return self
 
 

@@ -101,7 +101,7 @@ FAMILIES: dict[str, tuple[str, Any]] = {
     "x*k": ("x*{k}", lambda x, k: x * k),
     "max(x,k)": ("max(x,{k})", lambda x, k: max(x, k)),
 }
-_SWAPPED = {"x-k": "k-x", "k-x": "x-k"}  # the imperfect teacher's slip: the operands of a subtraction swapped
+_SWAPPED = {"k-x": "x-k"}  # the imperfect teacher's slip: `k-x` written with its operands swapped, as `x-k`
 FUNCTION_NAME = "f"
 _SHOWN_INPUTS = (0, 1)  # always shown: with f(0) and f(1) the family and k can be read off the examples
 _THIRD_INPUT = (2, 20)  # one more shown input, drawn from this range
@@ -155,9 +155,11 @@ def function_family(body: str) -> str | None:
 
 
 def swap_subtractions(train: pd.DataFrame, rate: float, seed: int) -> pd.DataFrame:
-    """An imperfect teacher's SFT targets for the functions task: on a `rate` fraction of the subtractions, the
-    completion swaps the operands (`7-x` written `x-7`). The hidden tests stay right, so rewards and evaluation are
-    unaffected; SFT learns a coin flip on the operand order, which only the tests (GRPO) can correct."""
+    """An imperfect teacher's SFT targets for the functions task: on a `rate` fraction of the `k-x` problems, the
+    completion swaps the operands (`7-x` written `x-7`, a program the hidden tests reject). The tests stay right, so
+    rewards and evaluation are unaffected; SFT learns a coin flip on the operand order, which only the tests (GRPO)
+    can correct. `x-k` problems keep the right target: a slip in both directions left GRPO one shared choice
+    ("x first or k first") pulled both ways (benchmarks/LEARNING.md)."""
     if rate <= 0:
         return train
     rng = random.Random(f"teacher-order-slip-{seed}")

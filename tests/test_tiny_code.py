@@ -66,15 +66,15 @@ def test_hidden_tests_accept_the_reference_and_reject_lookalikes(code_sandbox: N
 
 
 @pytest.mark.integration
-def test_imperfect_teacher_swaps_subtractions_in_sft_targets_only(tmp_path, code_sandbox: None):
+def test_imperfect_teacher_swaps_k_minus_x_in_sft_targets_only(tmp_path, code_sandbox: None):
     cfg = recipe("data.num_train=2000").data
     refs = prepare_data(cfg, str(tmp_path / "a"))
     train, held_out = pd.read_parquet(refs.train.path), pd.read_parquet(refs.eval.path)
-    subtraction = train["family"].isin(["x-k", "k-x"])
+    k_minus_x = train["family"] == "k-x"
     slipped = train["completion"] != train["answer"]
-    assert not slipped[~subtraction].any()  # other families keep the right target
-    assert 0.4 < slipped[subtraction].mean() < 0.6  # about half of the subtractions are swapped
-    assert (train.loc[slipped, "completion"].map(function_family) != train.loc[slipped, "family"]).all()
+    assert not slipped[~k_minus_x].any()  # other families (x-k too) keep the right target
+    assert 0.4 < slipped[k_minus_x].mean() < 0.6  # about half of the k-x targets are swapped
+    assert (train.loc[slipped, "completion"].map(function_family) == "x-k").all()
     assert (held_out["completion"] == held_out["answer"]).all()  # evaluation rows are untouched
     assert not set(train["prompt"]) & set(held_out["prompt"])
     validate_data(refs, cfg)  # the data contract holds for the built-in rows
@@ -104,7 +104,7 @@ def test_code_reward_takes_the_keyword_arguments_trl_passes(code_sandbox: None):
     ("overrides", "message"),
     [
         (["data.synthetic.kind=arithmetic"], "teacher_order_slip only changes kind 'functions'"),
-        (["data.synthetic.families=[x+k,x*k]"], "teacher_order_slip only swaps subtractions"),
+        (["data.synthetic.families=[x+k,x-k,x*k]"], "teacher_order_slip only changes k-x problems"),
         (["data.synthetic.teacher_carry_slip=0.5"], "teacher_carry_slip only changes kind 'arithmetic'"),
     ],
 )
