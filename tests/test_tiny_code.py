@@ -177,7 +177,8 @@ def test_micro_code_recipe_through_the_cli_scores_hostile_completions_zero(tmp_p
     assert not canary.exists(), "a hostile completion wrote outside the sandbox"
 
     calls = [json.loads(line) for line in log.read_text().splitlines()]
-    assert len(calls) >= 3  # the input check, then every GRPO step (and evaluation) scored through the wrapper
+    steps = [c for c in calls if len(c["hostile"]) + len(c["rest"]) == 16]  # a GRPO batch: 4 prompts x 4
+    assert len(steps) == 3, calls  # every GRPO step went through the wrapper (the input check and evaluation too)
     assert all(s == 0.0 for call in calls for s in call["hostile"]), calls
     assert all(s in (0.0, 1.0) for call in calls for s in call["rest"])  # real completions still get verdicts
 
