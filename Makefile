@@ -5,6 +5,10 @@ BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 CONFIG ?= configs/tiny-arith.yaml
 PYTEST_ARGS ?=
+# Test files run in parallel, one worker per core (pytest-xdist), each file whole on one worker: its module-scoped
+# stores and servers stay together. Much of an integration test is waiting (servers starting, retry delays,
+# subprocess imports), so two workers on two cores finish well before one.
+PYTEST_WORKERS ?= auto
 
 .PHONY: run test test-fast lint install serve stop status clean
 
@@ -45,7 +49,7 @@ status: install
 
 # Everything CI runs: lint first, then every test tier.
 test: install lint
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Unit tests only: no server, no sandbox, no pipeline run (well under a minute).
 test-fast: install
