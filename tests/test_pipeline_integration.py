@@ -7,6 +7,7 @@ side, `--refresh`. Each test asserts only what its own run changed, so each also
 
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
 import subprocess
@@ -227,7 +228,7 @@ def test_iterative_rounds_start_from_the_last_policy(tmp_path):
     rows = result["rounds"]
     assert [r["model"] for r in rows] == ["sft", "grpo round 1", "grpo round 2"]
     scores = {s["model"]: s["metrics"]["accuracy"] for s in result["scores"]}
-    for before, row in zip(rows, rows[1:]):
+    for before, row in itertools.pairwise(rows):
         assert row["value"] == pytest.approx(scores[row["model"]])
         assert row["change"] == pytest.approx(row["value"] - before["value"])
         assert row["change_ci"][0] <= row["change"] <= row["change_ci"][1] and row["n"] == 24
