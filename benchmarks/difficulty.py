@@ -8,8 +8,11 @@
 
 Greedy accuracy is paired over the same held-out problems. Printed per seed: round 1, round 2 without and with the
 filter (each with the summary's bootstrap 95% CI), the kept fraction, the paired difference with - without and its
-95% CI, and each arm's change from round 1. The last line is machine-readable:
-  diff_pts=<mean over seeds> min_pts=<smallest> max_pts=<largest> seeds=<k> kept=<mean kept fraction>
+95% CI, and each arm's change from round 1; then the mean difference over seeds with its t-interval. The last line
+is machine-readable:
+  diff_pts=<mean over seeds> ci_low=<..> ci_high=<..> min_pts=<..> max_pts=<..> seeds=<k> kept=<mean kept fraction>
+
+A run directory keeps what was measured (difficulty-record.json): rerunning with more `--seeds` trains only those.
 
 Usage:
   python benchmarks/difficulty.py --run-dir /tmp/difficulty --seeds 0 1 2
@@ -163,10 +166,31 @@ def main() -> None:
     print()
     diffs = [show(seed, record[str(seed)]) for seed in sorted(set(args.seeds) | {0})]
     kept = [record[str(s)]["filter"]["kept_fraction"] for s in sorted(set(args.seeds) | {0})]
+    mean, low, high = seed_interval(diffs)
     print(
-        f"diff_pts={sum(diffs) / len(diffs):.2f} min_pts={min(diffs):.1f} max_pts={max(diffs):.1f} "
+        f"with - without over {len(diffs)} seeds: mean {mean:+.2f} pts, 95% t-interval over seeds "
+        f"[{low:+.2f}, {high:+.2f}] (per seed: {', '.join(f'{d:+.1f}' for d in diffs)})"
+    )
+    print(
+        f"diff_pts={mean:.2f} ci_low={low:.2f} ci_high={high:.2f} min_pts={min(diffs):.1f} max_pts={max(diffs):.1f} "
         f"seeds={len(diffs)} kept={sum(kept) / len(kept):.3f}"
     )
+
+
+# Two-sided 95% quantiles of Student's t by degrees of freedom (1.96 beyond the table).
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def seed_interval(diffs: list[float]) -> tuple[float, float, float]:
+    """Mean of the per-seed differences and its 95% t-interval: the seeds (GRPO's sampling) are the replicates
+    here, since every seed is scored on the same held-out problems."""
+    k = len(diffs)
+    mean = sum(diffs) / k
+    if k < 2:
+        return mean, float("nan"), float("nan")
+    sd = (sum((d - mean) ** 2 for d in diffs) / (k - 1)) ** 0.5
+    half = T_975.get(k - 1, 1.96) * sd / k**0.5
+    return mean, mean - half, mean + half
 
 
 if __name__ == "__main__":
