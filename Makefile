@@ -5,10 +5,10 @@ BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 CONFIG ?= configs/tiny-arith.yaml
 PYTEST_ARGS ?=
-# Test files run in parallel, one worker per core (pytest-xdist), each file whole on one worker: its module-scoped
-# stores and servers stay together. Much of an integration test is waiting (servers starting, retry delays,
-# subprocess imports), so two workers on two cores finish well before one.
-PYTEST_WORKERS ?= auto
+# PYTEST_WORKERS=auto runs the test files in parallel, one pytest-xdist worker per core, each file whole on one
+# worker (17.7 min instead of ~25 on 2 cores). Not the default yet: under that load the code sandbox sometimes fails
+# to start a program (infra_error), which fails the HumanEval verdict test.
+PYTEST_WORKERS ?= 1
 
 .PHONY: run test test-fast lint install serve stop status clean
 
@@ -49,7 +49,7 @@ status: install
 
 # Everything CI runs: lint first, then every test tier.
 test: install lint
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # Unit tests only: no server, no sandbox, no pipeline run (well under a minute).
 test-fast: install
