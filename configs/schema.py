@@ -253,6 +253,16 @@ class RewardSpec(_Section):
     name: str = Field(description="A registered reward name or a dotted path 'pkg.module:function'.")
     weight: float = Field(default=1.0, description="Weight in the summed reward.")
     params: dict[str, Any] = Field(default={}, description="Keyword arguments for the reward's factory.")
+    # Unkeyed: how long to wait, not what is computed (and the stage keys of existing runs stay as they were).
+    timeout_s: float | None = Field(
+        default=300.0,
+        gt=0,
+        json_schema_extra=UNKEYED,
+        description="Longest one call of this reward may take, in seconds (a call scores one batch of completions). "
+        "A call over it scores None for its rows, with a warning, and training goes on; a reward that misses it on "
+        "more than half of its recent rows stops the run. null: no limit. Not the same as a `timeout_s` in `params` "
+        "(the judge's per-request or code_tests' per-program limit), which should stay well below it.",
+    )
 
 
 class DifficultyFilterConfig(_Section):

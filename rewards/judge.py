@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from grpo_pipeline.rewards.code import prompt_text
-from grpo_pipeline.rewards.registry import RewardFn, completion_text, register
+from grpo_pipeline.rewards.registry import RewardFn, call_deadline, completion_text, register
 
 logger = logging.getLogger(__name__)
 
@@ -41,12 +41,29 @@ def parse_score(reply: str, max_score: float) -> float | None:
     return value / max_score
 
 
-def _chat(client: httpx.Client, url: str, body: dict[str, Any], headers: dict[str, str], retries: int) -> str | None:
+def _chat(
+    client: httpx.Client,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    retries: int,
+    timeout_s: float,
+    deadline: float | None = None,
+) -> str | None:
     """The reply text of one chat request, retried with backoff on connection errors, timeouts, 429 and 5xx; None
-    (logged) when it still fails."""
+    (logged) when it still fails.
+
+    `timeout_s` is httpx's, per phase (connect, each read, ...): a server that trickles bytes is not cut off by it.
+    `deadline` (the registry's `call_deadline()`) bounds the whole: no attempt starts after it, each waits at most
+    until it, and a failure past it is logged at debug level only (the registry has warned once for the call)."""
     for attempt in range(retries + 1):
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            logger.debug("judge request not sent: the reward call is past its time limit")
+            return None
         try:
-            r = client.post(url, json=body, headers=headers)
+            timeout = timeout_s if remaining is None else min(timeout_s, remaining)
+            r = client.post(url, json=body, headers=headers, timeout=timeout)
             if r.status_code == 429 or r.status_code >= 500:
                 raise httpx.HTTPStatusError(f"HTTP {r.status_code}", request=r.request, response=r)
             r.raise_for_status()
@@ -57,10 +74,16 @@ def _chat(client: httpx.Client, url: str, body: dict[str, Any], headers: dict[st
                 or e.response.status_code in (429,)
                 or e.response.status_code >= 500
             )
-            if attempt < retries and retryable:
+            late = deadline is not None and time.monotonic() >= deadline
+            if attempt < retries and retryable and not late:
                 time.sleep(min(0.2 * 2**attempt, 2.0))
                 continue
-            logger.warning("judge request failed after %d attempt(s): %s; scoring None", attempt + 1, e)
+            logger.log(
+                logging.DEBUG if late else logging.WARNING,
+                "judge request failed after %d attempt(s): %s; scoring None",
+                attempt + 1,
+                e,
+            )
             return None
     return None
 
@@ -82,7 +105,10 @@ def judge_reward(
 
     `rubric` is the system prompt ({max_score} is filled in); the user message holds the question, the response and,
     when the row has an `answer` column, the reference answer. Up to `concurrency` requests run at once; each is
-    retried `retries` times (with backoff) on connection errors, timeouts, 429 and 5xx.
+    retried `retries` times (with backoff) on connection errors, timeouts, 429 and 5xx. `timeout_s` is httpx's
+    per-request (per-phase) timeout; the reward entry's own `timeout_s` bounds the whole call: requests are cut to the
+    time left, and once it has passed none is sent or retried, so an abandoned call ends soon after it. Worst case of
+    one call without that bound: ceil(rows / concurrency) x (retries + 1) x timeout_s plus backoff.
     """
     if concurrency < 1 or retries < 0 or timeout_s <= 0 or max_score <= 0:
         raise ValueError("judge needs concurrency >= 1, retries >= 0, timeout_s > 0 and max_score > 0")
@@ -93,7 +119,7 @@ def judge_reward(
     if key:
         headers["Authorization"] = f"Bearer {key}"
 
-    def ask(client: httpx.Client, question: str, response: str, reference: Any) -> float | None:
+    def ask(client: httpx.Client, question: str, response: str, reference: Any, deadline: float | None) -> float | None:
         user = f"Question:\n{question}\n\nResponse:\n{response}"
         if reference is not None:
             user += f"\n\nReference answer:\n{reference}"
@@ -103,7 +129,7 @@ def judge_reward(
             "temperature": temperature,
             "max_tokens": max_tokens,
         }
-        reply = _chat(client, url, body, headers, retries)
+        reply = _chat(client, url, body, headers, retries, timeout_s, deadline)
         if reply is None:
             return None
         score = parse_score(reply, max_score)
@@ -113,10 +139,11 @@ def judge_reward(
 
     def judge(prompts, completions, answer=None, **kwargs) -> list[float | None]:
         references = list(answer) if answer is not None else [None] * len(completions)
+        deadline = call_deadline()  # read here: the pool's threads do not see this thread's context
         with httpx.Client(timeout=timeout_s) as client, ThreadPoolExecutor(max_workers=concurrency) as pool:
             return list(
                 pool.map(
-                    lambda args: ask(client, prompt_text(args[0]), completion_text(args[1]), args[2]),
+                    lambda args: ask(client, prompt_text(args[0]), completion_text(args[1]), args[2], deadline),
                     zip(prompts, completions, references, strict=True),
                 )
             )
