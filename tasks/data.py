@@ -21,6 +21,7 @@ import pandas as pd
 from pydantic import BaseModel
 
 from grpo_pipeline.configs.schema import DataConfig, SyntheticTaskConfig
+from grpo_pipeline.rewards.code_formats import TEST_FORMAT_COLUMNS, json_text
 from grpo_pipeline.tasks import chat
 from grpo_pipeline.tasks.common import Ref, atomic_dir, fingerprint_path, logger
 from grpo_pipeline.tasks.stage import stage
@@ -256,7 +257,10 @@ def map_columns(raw: pd.DataFrame, cfg: DataConfig, origin: str) -> pd.DataFrame
         else out["answer"]
     )
     for c in cfg.extra_columns:
-        out[c] = raw[c]
+        # Test columns of code datasets (APPS `input_output`, CodeContests `public_tests`, ...) are kept as the JSON
+        # text they are published as: decoded, their rows mix shapes (lists of strings, of lists) that one Parquet
+        # column cannot hold, and the code_tests reward reads either form.
+        out[c] = raw[c].map(json_text) if c in TEST_FORMAT_COLUMNS else raw[c]
     return out.reset_index(drop=True)
 
 

@@ -2,7 +2,8 @@
 
 Every format ends as the same columns: `id` (the source's `task_id`, else the row number), `prompt` (what the model
 sees), `answer` (the reference final answer; for code, the canonical solution or ""), plus what the correctness reward
-reads: `test` + `entry_point` (HumanEval) or `test_list` + `test_setup_code` (MBPP). The formats:
+reads: `test` + `entry_point` (HumanEval), `test_list` + `test_setup_code` (MBPP), or the test columns of the stdin/
+stdout and call-based code formats below (rewards/code_formats.py parses them), stored as JSON text. The formats:
 
   - `gsm8k`: `question`, `answer` ending in `#### N` (Cobbe et al. 2021, "Training Verifiers to Solve Math Word
     Problems", github.com/openai/grade-school-math); the answer is N without thousands commas.
@@ -14,6 +15,16 @@ reads: `test` + `entry_point` (HumanEval) or `test_list` + `test_setup_code` (MB
   - `mbpp`: `text` + `test_list` (+ `test_setup_code`, `code`, `task_id`) (Austin et al. 2021, "Program Synthesis
     with Large Language Models"); the prompt is the paper's zero-shot form, the task then its tests. The sanitized
     split's `prompt` + `test_imports` columns are read too.
+  - `apps`: `question` + `input_output` (+ `problem_id`, `solutions`, `starter_code`) (Hendrycks et al. 2021,
+    "Measuring Coding Challenge Competence With APPS"; TACO, Li et al. 2023, has the same columns).
+  - `codecontests`: `description` + `public_tests` (+ `private_tests`, `generated_tests`, `name`, `solutions`) (Li et
+    al. 2022, "Competition-Level Code Generation with AlphaCode"); the answer is the first Python 3 solution.
+  - `livecodebench`: `question_content` + `public_test_cases` (+ `private_test_cases`, `metadata`, `question_id`,
+    `starter_code`) (Jain et al. 2024, "LiveCodeBench"); no reference solution is published, so the answer is "".
+  - `open-r1`: `problem_statement` (or `problem` / `prompt`) + `verification_info` (+ `problem_id`,
+    `gold_standard_solution`) (huggingface.co/datasets/open-r1/verifiable-coding-problems-python).
+    For these four the prompt is the statement, the starter code when there is one, and how the solution is run
+    (after LiveCodeBench's prompt, `lcb_runner/prompts/code_generation.py`); every row's tests are parsed at load.
   - `columns`: already `prompt` + `answer`; passed through with every other column.
 
 Nothing is dropped: a row that cannot be mapped stops the load with a `DataError` naming the source, the rows and the
@@ -30,17 +41,32 @@ from typing import Any, Literal, get_args
 
 import pandas as pd
 
+from grpo_pipeline.rewards.code_formats import (
+    FORMAT_COLUMNS,
+    ParsedTests,
+    TestFormatError,
+    json_text,
+    parse_tests,
+    plain,
+)
 from grpo_pipeline.rewards.math import extract_gold, last_boxed
 from grpo_pipeline.tasks.data import DataError, read_table
 
-EvalFormat = Literal["gsm8k", "boxed", "humaneval", "mbpp", "columns"]
+EvalFormat = Literal[
+    "gsm8k", "boxed", "humaneval", "mbpp", "apps", "codecontests", "livecodebench", "open-r1", "columns"
+]
 FORMATS: tuple[EvalFormat, ...] = get_args(EvalFormat)
 
 # Column sets that identify each format, tried in this order (first match wins): HumanEval and MBPP rows also have a
-# `prompt`, and MATH-500 rows also have an `answer`, so the specific formats come before the generic `columns`.
+# `prompt`, and MATH-500 rows also have an `answer`, so the specific formats come before the generic `columns`; the
+# code formats come before gsm8k and boxed, whose `question` / `problem` columns their derived tables may carry too.
 SIGNATURES: dict[EvalFormat, tuple[frozenset[str], ...]] = {
     "humaneval": (frozenset({"prompt", "test", "entry_point"}),),
     "mbpp": (frozenset({"text", "test_list"}), frozenset({"prompt", "test_list"})),
+    "apps": (frozenset({"question", "input_output"}),),
+    "codecontests": (frozenset({"description", "public_tests"}),),
+    "livecodebench": (frozenset({"question_content", "public_test_cases"}),),
+    "open-r1": tuple(frozenset({column, "verification_info"}) for column in ("problem_statement", "problem", "prompt")),
     "gsm8k": (frozenset({"question", "answer"}),),
     "boxed": (frozenset({"problem", "solution"}), frozenset({"problem", "answer"})),
     "columns": (frozenset({"prompt", "answer"}),),
@@ -53,6 +79,10 @@ CORRECTNESS_REWARDS: dict[EvalFormat, str] = {
     "columns": "correctness",
     "humaneval": "code_tests",
     "mbpp": "code_tests",
+    "apps": "code_tests",
+    "codecontests": "code_tests",
+    "livecodebench": "code_tests",
+    "open-r1": "code_tests",
 }
 
 MAX_ROWS_SHOWN = 5
@@ -116,9 +146,9 @@ def _check_columns(raw: pd.DataFrame, fmt: EvalFormat, origin: str) -> None:
     )
 
 
-def _ids(raw: pd.DataFrame) -> list[str]:
-    if "task_id" in raw.columns:
-        return [str(v) for v in raw["task_id"]]
+def _ids(raw: pd.DataFrame, column: str = "task_id") -> list[str]:
+    if column in raw.columns:
+        return [str(i) if _is_missing(v) else str(v) for i, v in enumerate(raw[column])]
     return [str(i) for i in range(len(raw))]
 
 
@@ -261,11 +291,123 @@ def map_mbpp(raw: pd.DataFrame, origin: str) -> pd.DataFrame:
     )
 
 
+# ----------------------------------------------------------------------------- stdin/stdout and call-based code
+
+
+def code_io_prompt(statement: str, starter_code: str, tests: ParsedTests) -> str:
+    """The problem, then how its solution runs: the starter code to complete, the function that is called, or a
+    program that reads stdin and writes stdout (the cases of LiveCodeBench's prompt, in our words)."""
+    fence = "Put the whole solution in one ```python code block."
+    if starter_code.strip():
+        return f"{statement}\n\nComplete this starter code. {fence}\n```python\n{starter_code.rstrip()}\n```\n"
+    if tests.style == "call":
+        return f"{statement}\n\nWrite the Python function `{tests.entry}`; its return values are checked. {fence}\n"
+    return (
+        f"{statement}\n\nWrite a Python program that reads the input from standard input and writes the answer to "
+        f"standard output. {fence}\n"
+    )
+
+
+def _parsed_tests(raw: pd.DataFrame, fmt: EvalFormat, origin: str) -> tuple[list[ParsedTests], list[str]]:
+    """Every row's tests, parsed from `fmt`'s own columns; a DataError names the rows without usable tests."""
+    columns = [c for c in (*FORMAT_COLUMNS[fmt], "metadata") if c in raw.columns]
+    parsed: list[ParsedTests] = []
+    bad: list[int] = []
+    first_problem = ""
+    for i, row in enumerate(raw[columns].to_dict("records")):
+        try:
+            tests = parse_tests(row)
+        except TestFormatError as e:
+            tests, first_problem = None, first_problem or str(e)
+        if tests is None:
+            bad.append(i)
+            first_problem = first_problem or f"no value in {list(FORMAT_COLUMNS[fmt])}"
+            continue
+        parsed.append(tests)
+    if bad:
+        raise _rows_error(
+            origin,
+            f"the tests cannot be used (first problem: {first_problem})",
+            bad,
+            "Fix or remove those rows; a benchmark scored on fewer problems is not that benchmark.",
+        )
+    return parsed, columns
+
+
+def _map_code_io(
+    raw: pd.DataFrame, fmt: EvalFormat, origin: str, statement: str, ids: list[str], answers: list[str]
+) -> pd.DataFrame:
+    """The eval columns for a stdin/stdout or call-based code format, with its test columns kept as JSON text."""
+    _require_values(raw, statement, origin)
+    parsed, test_columns = _parsed_tests(raw, fmt, origin)
+    starters = _text_or_empty(raw, "starter_code")
+    prompts = [
+        code_io_prompt(str(s), starter, tests)
+        for s, starter, tests in zip(raw[statement], starters, parsed, strict=True)
+    ]
+    out = pd.DataFrame({"id": ids, "prompt": prompts, "answer": answers})
+    for column in test_columns:
+        out[column] = [json_text(v) for v in raw[column]]
+    return out
+
+
+def _first_apps_solution(value: Any) -> str:
+    """The first of APPS's `solutions` (a JSON list of programs), or ""."""
+    solutions = _as_list(value) if not _is_missing(value) else None
+    return solutions[0] if solutions else ""
+
+
+def _first_python3_solution(value: Any) -> str:
+    """The first Python 3 program of CodeContests' `solutions` ({language: [...], solution: [...]}; 3 is PYTHON3 in
+    the dataset's Language enum), or ""."""
+    if _is_missing(value):
+        return ""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return ""
+    value = plain(value)
+    if not isinstance(value, dict):
+        return ""
+    pairs = zip(value.get("language") or [], value.get("solution") or [], strict=False)
+    return next((str(code) for language, code in pairs if language == 3), "")
+
+
+def map_apps(raw: pd.DataFrame, origin: str) -> pd.DataFrame:
+    """APPS / TACO: `question` (+ `starter_code`) -> prompt, the first of `solutions` -> answer, `input_output` kept."""
+    answers = [_first_apps_solution(v) for v in raw["solutions"]] if "solutions" in raw.columns else [""] * len(raw)
+    return _map_code_io(raw, "apps", origin, "question", _ids(raw, "problem_id"), answers)
+
+
+def map_codecontests(raw: pd.DataFrame, origin: str) -> pd.DataFrame:
+    """CodeContests: `description` -> prompt, `name` -> id, the first Python 3 solution -> answer, tests kept."""
+    solutions = raw["solutions"] if "solutions" in raw.columns else [None] * len(raw)
+    answers = [_first_python3_solution(v) for v in solutions]
+    return _map_code_io(raw, "codecontests", origin, "description", _ids(raw, "name"), answers)
+
+
+def map_livecodebench(raw: pd.DataFrame, origin: str) -> pd.DataFrame:
+    """LiveCodeBench: `question_content` (+ `starter_code`) -> prompt, `question_id` -> id, tests and metadata kept."""
+    return _map_code_io(raw, "livecodebench", origin, "question_content", _ids(raw, "question_id"), [""] * len(raw))
+
+
+def map_open_r1(raw: pd.DataFrame, origin: str) -> pd.DataFrame:
+    """open-r1: the problem statement -> prompt, `gold_standard_solution` -> answer, `verification_info` kept."""
+    statement = next(c for c in ("problem_statement", "problem", "prompt") if c in raw.columns)
+    answers = _text_or_empty(raw, "gold_standard_solution")
+    return _map_code_io(raw, "open-r1", origin, statement, _ids(raw, "problem_id"), answers)
+
+
 MAPPERS: dict[EvalFormat, Callable[[pd.DataFrame, str], pd.DataFrame]] = {
     "gsm8k": map_gsm8k,
     "boxed": map_boxed,
     "humaneval": map_humaneval,
     "mbpp": map_mbpp,
+    "apps": map_apps,
+    "codecontests": map_codecontests,
+    "livecodebench": map_livecodebench,
+    "open-r1": map_open_r1,
     "columns": map_passthrough,
 }
 

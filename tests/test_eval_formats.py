@@ -90,6 +90,10 @@ def test_correctness_rewards_are_registered() -> None:
         "boxed": "correctness",
         "humaneval": "code_tests",
         "mbpp": "code_tests",
+        "apps": "code_tests",
+        "codecontests": "code_tests",
+        "livecodebench": "code_tests",
+        "open-r1": "code_tests",
         "columns": "correctness",
     }
     assert {correctness_reward_for(fmt) for fmt in FORMATS} <= set(REGISTRY)
