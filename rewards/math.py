@@ -9,6 +9,14 @@ may run rewards in threads). So: in the main thread its own timeouts are used; e
 worker process, whose main thread can use them, with a wall-clock bound on our side. A timeout or an internal
 error is logged and scored None, never a silent 0. Plain numbers on both sides (the tiny arithmetic recipe, most
 GSM8K completions) are compared exactly without math-verify, which keeps thousands of calls per step cheap.
+
+Commas. A comma is a thousands separator only where the number is written that way: a first group of 1-3 digits,
+then groups of exactly 3 (`1,234`, `12,345,678`). Anything else with commas outside brackets is a list (`2,3`,
+`x=1, y=2`). When the reference is such a list and the answer is one too (in `\\boxed{}`, in `<answer>`, or a bare
+list of numbers), they are compared item by item, in order: math-verify would read `2,3` as the set {2, 3} (so
+`3,2` would match) or, unboxed, as the decimal 2.3. A reference written as a set (`\\{2,3\\}`) or in brackets
+(`(2,3)`, an interval or a tuple) is left to math-verify, which compares sets without order. A list answer to a
+plain-number reference is wrong (`\\boxed{2,3}` is not 23, nor 2.3).
 """
 
 from __future__ import annotations
@@ -19,27 +27,52 @@ import logging
 import multiprocessing
 import re
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from fractions import Fraction
 
-from grpo_pipeline.rewards.registry import RewardFn, completion_text, register
+from grpo_pipeline.rewards.registry import RewardFn, call_deadline, completion_text, register
 
 logger = logging.getLogger(__name__)
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _HASHES = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)
-_PLAIN_NUMBER = re.compile(r"\s*\$?\s*(-?\d[\d,]*(?:\.\d+)?)\s*\$?\s*\.?\s*")
+# A number as written: thousands separators only in groups of exactly 3 after a first group of 1-3 digits
+_NUMBER = r"-?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?"
+_PLAIN_NUMBER = re.compile(rf"\s*\$?\s*({_NUMBER})\s*\$?\s*\.?\s*")
 
 
 def extract_gold(answer: str) -> str:
-    """The reference answer: the text after GSM8K's `#### ` (commas dropped), the last `\\boxed{}`, or all of it."""
+    """The reference answer: the text after GSM8K's `#### ` (thousands separators dropped), the last `\\boxed{}`,
+    or all of it."""
     text = str(answer).strip()
     found = _HASHES.search(text)
     if found:
-        return found.group(1).replace(",", "").strip()
+        gold = found.group(1).strip()
+        return gold.replace(",", "") if _plain_number(gold) is not None else gold
     boxed = last_boxed(text)
     return boxed if boxed is not None else text
+
+
+def split_list(text: str) -> list[str] | None:
+    """The items of a bare comma-separated list (`2,3`, `2, 3`, `x=1, y=\\frac{1}{2}`), split at the commas outside
+    brackets and braces; None when `text` is one value: a number with thousands separators (`1,234`), a set, tuple
+    or interval in brackets (`\\{2,3\\}`, `(2,3)`), or anything without a comma outside brackets."""
+    body = text.strip().removesuffix(".").strip().strip("$").strip().removesuffix(".").strip()  # "$2, 3$." -> "2, 3"
+    if not body or _plain_number(body) is not None:
+        return None
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(body):
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            items.append(body[start:i].strip())
+            start = i + 1
+    items.append(body[start:].strip())
+    return items if len(items) > 1 and all(items) else None
 
 
 def last_boxed(text: str) -> str | None:
@@ -135,11 +168,19 @@ def verify_batch(pairs: list[tuple[str, str]], timeout_s: int = 5) -> list[bool 
     if threading.current_thread() is threading.main_thread():
         return _verify_here(pairs, timeout_s)
     future = _pool().submit(_verify_here, pairs, timeout_s)
+    # each pair may use up to two parses and one verify, each bounded by timeout_s in the worker; and no longer than
+    # the reward call may take (the registry's limit), past which the result would be thrown away
+    wait, deadline = 30 + 3 * timeout_s * len(pairs), call_deadline()
+    late = deadline is not None and deadline - time.monotonic() < wait
     try:
-        # each pair may use up to two parses and one verify, each bounded by timeout_s in the worker
-        return future.result(timeout=30 + 3 * timeout_s * len(pairs))
+        return future.result(timeout=max(0.0, deadline - time.monotonic()) if late else wait)
     except FutureTimeout:
-        logger.error("math-verify worker did not answer in time; scoring %d completions None", len(pairs))
+        # past the call's limit the registry has warned once already
+        logger.log(
+            logging.DEBUG if late else logging.ERROR,
+            "math-verify worker did not answer in time; scoring %d completions None",
+            len(pairs),
+        )
         _reset_pool()
     except Exception:
         logger.exception("math-verify worker failed; scoring %d completions None", len(pairs))
@@ -147,28 +188,62 @@ def verify_batch(pairs: list[tuple[str, str]], timeout_s: int = 5) -> list[bool 
     return [None] * len(pairs)
 
 
+# What decides one completion: booleans decided here, (gold, prediction) pairs left to math-verify; right when all hold
+Check = bool | tuple[str, str]
+
+
+def _answer_list(completion: str, pred: str) -> list[str] | None:
+    """The completion's answer as a list, when it gives one: in its last `\\boxed{}`, in its `<answer>` block, or as
+    the whole completion when that is a bare list of numbers (prose with commas is not a list)."""
+    boxed = last_boxed(pred)
+    if boxed is not None:
+        return split_list(boxed)
+    items = split_list(pred)
+    if items is None or _ANSWER_TAG.search(completion):
+        return items
+    return items if all(_plain_number(item) is not None for item in items) else None
+
+
+def _item_check(gold: str, pred: str) -> Check:
+    g, p = _plain_number(gold), _plain_number(pred)
+    return g == p if g is not None and p is not None else (gold, f"\\boxed{{{pred}}}")
+
+
+def _checks(gold: str, completion: str) -> list[Check]:
+    pred = prediction_text(completion)
+    gold_items, pred_items = split_list(gold), _answer_list(completion, pred)
+    if gold_items is not None and pred_items is not None:  # lists: item by item, in order
+        if len(gold_items) != len(pred_items):
+            return [False]
+        return [_item_check(g, p) for g, p in zip(gold_items, pred_items, strict=True)]
+    g, p = _plain_number(gold), _plain_number(pred)
+    if g is not None and p is not None:
+        return [g == p]
+    if g is not None and pred_items is not None:  # a list for a number: `2,3` is neither 23 nor 2.3
+        return [False]
+    if not pred.strip():
+        return [False]
+    return [(gold, pred)]
+
+
 def math_scores(completions: list[str], golds: list[str], timeout_s: int = 5) -> list[float | None]:
     """1.0 / 0.0 for each completion against its gold answer (None when it cannot be decided)."""
-    scores: list[float | None] = [None] * len(completions)
-    slow: list[int] = []
-    for i, (text, gold_raw) in enumerate(zip(completions, golds, strict=True)):
-        if gold_raw is None or not str(gold_raw).strip():
-            continue  # no reference: not applicable
-        gold = extract_gold(str(gold_raw))
-        pred = prediction_text(text)
-        g, p = _plain_number(gold), _plain_number(pred)
-        if g is not None and p is not None:
-            scores[i] = 1.0 if g == p else 0.0
-        elif not pred.strip():
-            scores[i] = 0.0
+    checks: list[list[Check] | None] = [
+        None if gold is None or not str(gold).strip() else _checks(extract_gold(str(gold)), text)  # None: no reference
+        for text, gold in zip(completions, golds, strict=True)
+    ]
+    pairs = [c for row in checks if row for c in row if isinstance(c, tuple)]
+    verdicts = iter(verify_batch(pairs, timeout_s))
+    scores: list[float | None] = []
+    for row in checks:
+        if row is None:
+            scores.append(None)
+            continue
+        results = [next(verdicts) if isinstance(c, tuple) else c for c in row]
+        if any(r is not None and not r for r in results):
+            scores.append(0.0)
         else:
-            slow.append(i)
-    if slow:
-        verdicts = verify_batch(
-            [(extract_gold(str(golds[i])), prediction_text(completions[i])) for i in slow], timeout_s
-        )
-        for i, v in zip(slow, verdicts, strict=True):
-            scores[i] = None if v is None else float(v)
+            scores.append(None if None in results else 1.0)
     return scores
 
 
@@ -187,7 +262,7 @@ def correctness_reward(timeout_s: int = 5) -> RewardFn:
     return correctness
 
 
-_LAST_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+_LAST_NUMBER = re.compile(_NUMBER)
 
 
 def answer_key(completion: str) -> str | None:
