@@ -143,7 +143,23 @@ def _score_rows(fns: list[RewardFn], rows: list[dict[str, Any]], origin: Path) -
                 raise typer.Exit(1) from None
         for row, s in zip(rows, scores, strict=True):
             row[field] = s
+        _explain_nones(field, fn, rows, scores)
         st = summarize(scores)
         cells = ("-" if st[k] is None else f"{st[k]:.4f}" for k in ("mean", "std", "min", "max"))
         table.add_row(field, str(st["n"]), str(st["none"]), *cells)
     return table
+
+
+def _explain_nones(field: str, fn: RewardFn, rows: list[dict[str, Any]], scores: list[float | None]) -> None:
+    """Why rows scored None, where the reward says (`fn.none_reasons`, one entry per row): printed once per reason
+    with its count, and kept beside the score as `<field>_why`."""
+    reasons = getattr(fn, "none_reasons", None)
+    if not isinstance(reasons, list) or len(reasons) != len(scores):
+        return
+    counts: dict[str, int] = {}
+    for row, score, why in zip(rows, scores, reasons, strict=True):
+        if score is None and why:
+            row[f"{field}_why"] = why
+            counts[why] = counts.get(why, 0) + 1
+    for why, n in counts.items():
+        console.print(f"[yellow]{field}: {n} row(s) scored None[/yellow]: {why}")

@@ -25,6 +25,7 @@ by hand, without `eval` or pickle, and without importing json/re (start-up time 
 # ruff: noqa: SIM105  (try/except/pass, not contextlib.suppress: importing contextlib costs ~1 ms per sandbox start)
 from __future__ import annotations
 
+import builtins
 import os
 import sys
 
@@ -107,6 +108,10 @@ def _encode(x: Any, out: list[str], depth: int) -> None:
         out.append(f"c{x.real.hex()};{x.imag.hex()};")
     elif t is range:
         out.append(f"r{x.start};{x.stop};{x.step};")
+    elif _REFS is not None and (ref := _REFS.early(x, t)) is not None:  # a reference of the call protocol
+        out.append(ref)
+    elif t is type and getattr(builtins, x.__name__, None) is x:  # a builtin type (`int`, `ValueError`), by name
+        out.append(f"y{len(x.__name__)}:{x.__name__}")
     elif (carried := _carry(x, t)) is not None:
         out.append("x")
         _encode(carried[0], out, depth + 1)
@@ -120,8 +125,10 @@ def _encode(x: Any, out: list[str], depth: int) -> None:
         out.append(f"I{len(items)}:")
         for v in items:
             _encode(v, out, depth + 1)
-    elif hasattr(x, "tolist") and t.__module__ == "numpy":  # numpy scalars/arrays from honest programs
+    elif t.__module__ == "numpy" and hasattr(x, "tolist"):  # numpy scalars/arrays from honest programs
         _encode(x.tolist(), out, depth + 1)
+    elif _REFS is not None and (ref := _REFS.late(x)) is not None:  # any other object: a handle or a callback
+        out.append(ref)
     else:
         name = t.__name__ if isinstance(t.__name__, str) else "?"
         out.append(f"o{len(name)}:{name}")
@@ -182,13 +189,27 @@ def _decode(text: str, pos: int, depth: int, namespace: dict[str, Any] | None) -
     if tag == "f":
         raw, pos = _upto(text, pos, ";")
         return float.fromhex(raw), pos
-    if tag in "so":
+    if tag in "soyn":
         raw, pos = _upto(text, pos, ":")
         n = int(raw)
         if n < 0 or pos + n > len(text):
             raise DecodeError("bad length")
         s = text[pos : pos + n]
+        if tag == "y":
+            found = getattr(builtins, s, None)
+            if type(found) is not type or s.startswith("_"):
+                raise DecodeError(f"not a builtin type: {s!r}")
+            return found, pos + n
+        if tag == "n":
+            if _REFS is None:
+                raise DecodeError("a name reference outside a call")
+            return _REFS.decode(tag, s), pos + n
         return (s if tag == "s" else Opaque(s)), pos + n
+    if tag in "hk":
+        raw, pos = _upto(text, pos, ";")
+        if _REFS is None:
+            raise DecodeError("a reference outside a call")
+        return _REFS.decode(tag, int(raw)), pos
     if tag in "ltSzId":
         raw, pos = _upto(text, pos, ":")
         n = int(raw)
@@ -488,7 +509,22 @@ def _rebuilt(key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
     return cls
 
 
-# ---------------------------------------------------------------- the program's side (child process)
+# ---------------------------------------------------------------- the call protocol
+# The tests call into the program as they would in one process, but every value that crosses is data or a reference:
+#   - a program object that is not data (an instance of its class, a closure, a bound method, the class itself)
+#     reaches the tests as a `Handle` (h<id>;): attribute reads, method calls, len/[]/in/iter/str on it go back to
+#     the program's process; it equals only itself, so no method of the program decides an `==` in the tests;
+#   - a callable of the tests (a lambda, a test's function or object) reaches the program as a `_Callback`
+#     (k<id>;) that the program can only call: the call runs in the tests' process, on decoded arguments;
+#   - a name of the program (n<len>:<name>) is looked up in the program's namespace there.
+# Arguments the program mutates in place (list, dict, set, bytearray, nested) are copied back into the tests' own
+# objects after the call, as the tests would see them in one process. Messages: a request is
+# (op, target, args, kwargs); the answer ("v", value, mutated) or ("e", exception type name, message); while it
+# waits for an answer, either side serves what the other asks first (a callback, or a call made inside one).
+_REFS: Any = None  # this process's side of the protocol (`_ProgramSide` or `_TestsSide`); None: no references
+_MUTABLE = (list, dict, set, bytearray)
+
+
 def send(fd: int, value: object) -> None:
     write_message(fd, to_bytes(encode(value)))
 
@@ -497,36 +533,247 @@ def receive(fd: int, namespace: dict[str, Any] | None = None) -> Any:
     return decode(from_bytes(read_message(fd)), namespace)
 
 
-def serve_program(program: str, req_fd: int, resp_fd: int) -> None:
-    """Run the program, then answer calls `(name, args, kwargs)` until the pipe closes. Never returns."""
-    import builtins
+class _Callback:
+    """In the program: a callable of the tests; calling it asks the tests' process to call it (and waits)."""
+
+    __slots__ = ("ref",)
+
+    def __init__(self, ref: int) -> None:
+        self.ref = ref
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        side = _REFS
+        write_message(side.resp_fd, to_bytes(encode(("cb", self, args, kwargs))))
+        while True:
+            msg = receive(side.req_fd, side.namespace)
+            if type(msg) is not tuple or not msg:
+                raise RuntimeError("bad message from the tests")
+            if msg[0] == "ret":
+                return msg[1]
+            if msg[0] == "raise":
+                raise _exception(msg[1], msg[2])
+            write_message(side.resp_fd, side.answer(msg))  # a call made by the callback itself
+
+    def __repr__(self) -> str:
+        return f"<callback {self.ref}>"
+
+
+def _exception(kind: object, detail: object) -> BaseException:
+    """The builtin exception named `kind` (tests may expect e.g. ValueError), else a CandidateFailure."""
+    exc = getattr(builtins, str(kind), None)
+    if isinstance(exc, type) and issubclass(exc, Exception) and exc not in (StopIteration, StopAsyncIteration):
+        return exc(str(detail))
+    return CandidateFailure(f"{kind}: {detail}")
+
+
+# What a request can do to an object of the program (in the program's process); nothing else is ever run there.
+_OPS: dict[str, Callable[..., Any]] = {
+    "value": lambda o: o,
+    "getattr": lambda o, name: getattr(o, name),
+    "setattr": lambda o, name, v: setattr(o, name, v),
+    "delattr": lambda o, name: delattr(o, name),
+    "len": len,
+    "getitem": lambda o, k: o[k],
+    "setitem": lambda o, k, v: o.__setitem__(k, v),
+    "delitem": lambda o, k: o.__delitem__(k),
+    "contains": lambda o, v: v in o,
+    "iter": iter,
+    "bool": bool,
+    "str": str,
+    "repr": repr,
+    "int": int,
+    "float": float,
+    "index": lambda o: o.__index__(),
+}
+
+
+class _ProgramSide:
+    """The program's process: its namespace, the objects it handed out as handles, and how it answers requests."""
+
+    def __init__(self, namespace: dict[str, Any], req_fd: int, resp_fd: int) -> None:
+        self.namespace, self.req_fd, self.resp_fd = namespace, req_fd, resp_fd
+        self.handles: list[Any] = []
+
+    def early(self, x: Any, t: type) -> str | None:
+        return f"k{x.ref};" if t is _Callback else None
+
+    def late(self, x: Any) -> str:
+        self.handles.append(x)
+        return f"h{len(self.handles) - 1};"
+
+    def decode(self, tag: str, ref: Any) -> Any:
+        if tag == "h":
+            if not 0 <= ref < len(self.handles):
+                raise DecodeError("unknown handle")
+            return self.handles[ref]
+        if tag == "k":
+            return _Callback(ref)
+        return self.namespace[ref]  # "n": a name of the program
+
+    def answer(self, request: Any) -> bytes:
+        """The encoded answer to one request (op, target, args, kwargs)."""
+        try:
+            op, target, args, kwargs = request
+            if op == "call":
+                before = [(k, encode(v)) for k, v in [*enumerate(args), *kwargs.items()] if type(v) in _MUTABLE]
+                value = target(*args, **kwargs)
+                # arguments mutated in place go back with the answer (compared as encoded text: cheap and exact)
+                changed = []
+                for k, old in before:
+                    now = args[k] if type(k) is int else kwargs[k]
+                    if encode(now) != old:
+                        changed.append((k, now))
+                return to_bytes(encode(("v", value, tuple(changed))))
+            return to_bytes(encode(("v", _OPS[op](target, *args), ())))
+        except BaseException as e:
+            try:
+                return to_bytes(encode(("e", type(e).__name__, str(e)[:300])))
+            except BaseException:
+                return to_bytes(encode(("e", "Exception", "unprintable")))
+
+
+def serve_program(program: str, req_fd: int, resp_fd: int, out_fd: int) -> None:
+    """The program's process: wait for the mode the tests ask for, then run as it says. Never returns.
+
+    ("load",): run the program once, send the names it defines, then answer requests until the pipe closes.
+    ("stdio",): run a fresh copy of the program for every input the tests send (`_serve_stdio`).
+    """
     import signal
 
     # Python's default, which the harness side ignores: a SIGINT from the program must not raise KeyboardInterrupt
     # (a "broken test", scored None) in the process that runs the tests
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    namespace: dict[str, Any] = {"__name__": "solution", "__builtins__": builtins}
+    try:
+        mode = receive(req_fd)
+    except BaseException:
+        os._exit(0)
+    if mode == ("stdio",):
+        _serve_stdio(program, req_fd, resp_fd, out_fd)
+        os._exit(0)
+    global _REFS
+    namespace: dict[str, Any] = {"__name__": "solution", "__builtins__": builtins, **_site_names()}
+    _REFS = side = _ProgramSide(namespace, req_fd, resp_fd)
     try:
         exec(compile(program, "<solution>", "exec"), namespace)
-        names = [k for k, v in list(namespace.items()) if type(k) is str and not k.startswith("__") and callable(v)]
+        names = [
+            k for k, v in list(namespace.items()) if type(k) is str and not k.startswith("__") and v is not sys.exit
+        ]
         send(resp_fd, ("ready", names))
     except BaseException as e:  # SystemExit, SkipTest, ... at import time: the program did not load
         send(resp_fd, ("load_error", type(e).__name__, str(e)[:500]))
         os._exit(0)
     while True:
         try:
-            name, args, kwargs = receive(req_fd, namespace)  # the tests' enum members become the program's
+            request = receive(req_fd, namespace)  # the tests' enum members become the program's
         except BaseException:
             os._exit(0)
+        write_message(resp_fd, side.answer(request))
+
+
+def _site_names() -> dict[str, Any]:
+    """`exit` and `quit`, which `site` would define (programs call them; the harness runs with -S)."""
+    return {"exit": sys.exit, "quit": sys.exit}
+
+
+def _serve_stdio(program: str, req_fd: int, resp_fd: int, out_fd: int) -> None:
+    """For each ("case", input, seconds, max bytes): run a fresh copy of the program (a child of this process) with
+    that input on stdin; answer ("out", stdout, how it ended). This process holds the inputs only, never the
+    expected outputs; the copies hold neither this process's pipes nor anything of the tests."""
+    import resource
+
+    try:
+        code = compile(program, "<solution>", "exec")
+        broken = ""
+    except BaseException as e:  # every case fails with the reason
+        code, broken = None, f"load error: {type(e).__name__}: {str(e)[:300]}"
+    while True:
         try:
-            answer = ("v", namespace[name](*args, **kwargs))
-            data = encode(answer)
-        except BaseException as e:
+            _, text, seconds, max_bytes = receive(req_fd)
+        except BaseException:
+            return
+        if code is None:
+            send(resp_fd, ("out", "", broken))
+            continue
+        stdin = os.memfd_create("stdin")
+        data = to_bytes(text)
+        while data:
+            data = data[os.write(stdin, data) :]
+        os.lseek(stdin, 0, 0)
+        out_r, out_w = os.pipe()
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            status = 1
             try:
-                data = encode(("e", type(e).__name__, str(e)[:300]))
-            except BaseException:
-                data = encode(("e", "Exception", "unprintable"))
-        write_message(resp_fd, to_bytes(data))
+                os.dup2(stdin, 0)
+                os.dup2(out_w, 1)
+                os.dup2(out_fd, 2)
+                _close_fds_except({0, 1, 2})
+                cpu = resource.getrlimit(resource.RLIMIT_CPU)[1]
+                limit = int(seconds) + 1 if cpu < 0 else min(cpu, int(seconds) + 1)
+                resource.setrlimit(resource.RLIMIT_CPU, (limit, limit))
+                status = _run_main(code)
+            finally:
+                os._exit(status)
+        os.close(out_w)
+        os.close(stdin)
+        send(resp_fd, ("out", *_collect(pid, out_r, _now() + seconds, max_bytes)))
+        os.close(out_r)
+
+
+def _run_main(code: Any) -> int:
+    """Run a program as `python program.py` would, with this process's stdin and stdout; its exit status."""
+    import traceback
+
+    sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+    status = 0
+    try:
+        exec(code, {"__name__": "__main__", "__builtins__": builtins, **_site_names()})
+    except SystemExit as e:
+        status = 0 if e.code is None else e.code if type(e.code) is int else 1
+    except BaseException:
+        traceback.print_exc()
+        status = 1
+    try:
+        sys.stdout.flush()
+    except BaseException:
+        status = status or 1
+    return status
+
+
+def _collect(pid: int, out_r: int, deadline: float, max_bytes: int) -> tuple[str, str]:
+    """Read a case's stdout until it closes and the process exits, or the deadline: (stdout, how it ended)."""
+    import select
+    import time
+
+    chunks, size, ended = [], 0, ""
+    while not ended:
+        wait = deadline - _now()
+        if wait <= 0:
+            ended = "timeout"
+        elif select.select([out_r], [], [], wait)[0]:
+            chunk = os.read(out_r, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > max_bytes:
+                ended = "output_limit"
+    while not ended:  # stdout closed: wait for the exit status (a process it left may hold nothing of ours)
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            code = os.waitstatus_to_exitcode(status)
+            return b"".join(chunks).decode("utf-8", "replace"), f"exit {code}"
+        if _now() > deadline:
+            ended = "timeout"
+        time.sleep(0.0005)
+    try:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    except OSError:
+        pass
+    return "", ended
 
 
 # ---------------------------------------------------------------- the tests' side (this process)
@@ -534,8 +781,121 @@ class CandidateFailure(Exception):
     """The program raised, died, answered garbage or ran out of time (a failed test, never a passed one)."""
 
 
+class Handle:
+    """Stands in for an object of the program inside the tests; every use of it is a request to the program.
+
+    It equals only itself (the same object of the program), whatever the program's `__eq__` says.
+    """
+
+    __slots__ = ("_grpo_ref",)
+
+    def __init__(self, ref: int) -> None:
+        object.__setattr__(self, "_grpo_ref", ref)
+
+    def _op(self, op: str, *args: Any) -> Any:
+        return _REFS.channel.request(op, self, args, {})
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _REFS.channel.request("call", self, args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):  # protocol probes (copy, pickle, ...) stay here
+            raise AttributeError(name)
+        return self._op("getattr", name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._op("setattr", name, value)
+
+    def __delattr__(self, name: str) -> None:
+        self._op("delattr", name)
+
+    def __len__(self) -> int:
+        return self._op("len")
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._op("getitem", key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._op("setitem", key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        self._op("delitem", key)
+
+    def __contains__(self, value: Any) -> bool:
+        return bool(self._op("contains", value))
+
+    def __iter__(self) -> Any:
+        return iter(self._op("iter"))
+
+    def __bool__(self) -> bool:
+        return self._op("bool") is True
+
+    def __str__(self) -> str:
+        return str(self._op("str"))
+
+    def __repr__(self) -> str:
+        try:
+            return str(self._op("repr"))
+        except Exception:
+            return f"<handle {self._grpo_ref}>"
+
+    def __int__(self) -> int:
+        return int(self._op("int"))
+
+    def __float__(self) -> float:
+        return float(self._op("float"))
+
+    def __index__(self) -> int:
+        return self._op("index").__index__()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Handle and other._grpo_ref == self._grpo_ref
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(("handle", self._grpo_ref))
+
+
+class _Name:
+    """A name of the program's namespace, as the target of a request."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _TestsSide:
+    """The tests' process: how its objects cross (handles back to the program, callables as callbacks)."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.callbacks: list[Any] = []
+
+    def early(self, x: Any, t: type) -> str | None:
+        if t is Handle:
+            return f"h{x._grpo_ref};"
+        if t is _Name:
+            return f"n{len(x.name)}:{x.name}"
+        return None
+
+    def late(self, x: Any) -> str:
+        self.callbacks.append(x)
+        return f"k{len(self.callbacks) - 1};"
+
+    def decode(self, tag: str, ref: Any) -> Any:
+        if tag == "h":
+            return Handle(ref)
+        if tag == "k" and 0 <= ref < len(self.callbacks):
+            return self.callbacks[ref]
+        raise DecodeError(f"the program sent a reference of kind {tag!r} it cannot hold")
+
+
 class Channel:
-    """Calls into the program's process; every answer is decoded into fresh builtin or standard-library objects."""
+    """Requests to the program's process; every answer is decoded into fresh data, handles or the tests' own
+    callables."""
 
     def __init__(self, pid: int, req_fd: int, resp_fd: int, deadline: float) -> None:
         self.pid, self.req_fd, self.resp_fd, self.deadline = pid, req_fd, resp_fd, deadline
@@ -543,10 +903,18 @@ class Channel:
         self.timed_out = False
         self.namespace: dict[str, Any] | None = None  # the tests' globals, where answers' enum classes are looked up
 
-    def _receive(self) -> tuple[Any, ...]:
+    def _receive(self, deadline: float | None = None) -> tuple[Any, ...]:
+        """The next answer; callbacks the program makes while it works are served here first."""
+        while True:
+            answer = self._receive_one(self.deadline if deadline is None else min(deadline, self.deadline))
+            if answer[0] != "cb":
+                return answer
+            self._callback(answer)
+
+    def _receive_one(self, deadline: float) -> tuple[Any, ...]:
         import select
 
-        wait = self.deadline - _now()
+        wait = deadline - _now()
         if wait <= 0 or not select.select([self.resp_fd], [], [], wait)[0]:
             self.timed_out = True
             self.kill("timeout")
@@ -560,6 +928,29 @@ class Channel:
             self.kill(f"bad answer: {type(e).__name__}")
             raise CandidateFailure(self.dead) from None
 
+    def _callback(self, message: tuple[Any, ...]) -> None:
+        """Call one of the tests' callables for the program, and send it the result."""
+        if len(message) != 4 or type(message[2]) is not tuple or type(message[3]) is not dict:
+            self.kill("bad callback")
+            raise CandidateFailure(self.dead)
+        _, fn, args, kwargs = message
+        try:
+            reply: tuple[Any, ...] = ("ret", fn(*args, **kwargs))
+        except CandidateFailure:
+            raise
+        except Exception as e:
+            reply = ("raise", type(e).__name__, str(e)[:300])
+        self._send(reply)
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        if self.dead is not None:
+            raise CandidateFailure(self.dead)
+        try:
+            send(self.req_fd, message)
+        except OSError:
+            self.kill("program exited")
+            raise CandidateFailure(self.dead) from None
+
     def kill(self, why: str) -> None:
         if self.dead is None:
             self.dead = why
@@ -567,6 +958,9 @@ class Channel:
                 os.kill(self.pid, 9)
             except OSError:
                 pass
+
+    def start(self, mode: str) -> None:
+        self._send((mode,))
 
     def ready(self) -> list[str]:
         """The names the program defines, or raise CandidateFailure if it did not load."""
@@ -576,35 +970,95 @@ class Channel:
             raise CandidateFailure(self.dead)
         return [n for n in msg[1] if type(n) is str]
 
-    def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if self.dead is not None:
-            raise CandidateFailure(self.dead)
-        try:
-            send(self.req_fd, (name, tuple(args), dict(kwargs)))
-        except OSError:
-            self.kill("program exited")
-            raise CandidateFailure(self.dead) from None
+    def request(self, op: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self._send((op, target, tuple(args), dict(kwargs)))
         answer = self._receive()
-        if answer[0] == "v" and len(answer) == 2:
-            return answer[1]
-        kind, detail = [*answer[1:], "Error", ""][:2]
-        exc = getattr(__import__("builtins"), str(kind), None)
-        if isinstance(exc, type) and issubclass(exc, Exception) and exc not in (StopIteration, StopAsyncIteration):
-            raise exc(str(detail))  # a builtin exception type: tests may expect e.g. ValueError
-        raise CandidateFailure(f"{kind}: {detail}")
+        if answer[0] != "v":
+            raise _exception(*[*answer[1:], "Error", ""][:2])
+        if (
+            len(answer) != 3
+            or type(answer[2]) is not tuple
+            or any(type(m) is not tuple or len(m) != 2 for m in answer[2])
+        ):
+            self.kill("bad answer")
+            raise CandidateFailure(self.dead)
+        for key, state in answer[2]:  # arguments the call mutated: the tests' own objects take the new contents
+            if (type(key) is int and 0 <= key < len(args)) or (type(key) is str and key in kwargs):
+                _sync(args[key] if type(key) is int else kwargs[key], state)
+        return answer[1]
+
+    def value(self, name: str) -> Any:
+        """A name the program defines: its value as data, or a handle."""
+        return self.request("value", _Name(name), (), {})
+
+    def run_case(self, text: str, seconds: float, max_bytes: int) -> tuple[str, str]:
+        """One stdin/stdout case: (stdout, how it ended)."""
+        self._send(("case", text, seconds, max_bytes))
+        answer = self._receive(_now() + seconds + 1.0)
+        if answer[0] != "out" or len(answer) != 3 or type(answer[1]) is not str or type(answer[2]) is not str:
+            self.kill("bad answer")
+            raise CandidateFailure(self.dead)
+        return answer[1], answer[2]
 
 
-class Proxy:
-    """Stands in for one of the program's functions inside the tests."""
+def _sync(old: Any, new: Any) -> None:
+    """Make the tests' object `old` hold what the program left in its copy `new` (same types), keeping the
+    identity of nested lists, dicts and sets where the shape is unchanged."""
+    t = type(old)
+    if t is not type(new):
+        return
+    if t is list:
+        if len(old) != len(new):
+            old[:] = new
+            return
+        for i, (a, b) in enumerate(zip(old, new, strict=True)):
+            if type(a) in _MUTABLE and type(a) is type(b):
+                _sync(a, b)
+            else:
+                old[i] = b
+    elif t is dict:
+        for k in [k for k in old if k not in new]:
+            del old[k]
+        for k, b in new.items():
+            a = old.get(k)
+            if type(a) in _MUTABLE and type(a) is type(b):
+                _sync(a, b)
+            else:
+                old[k] = b
+    elif t in (set, bytearray):
+        if t is set:
+            old.clear()
+            old.update(new)
+        else:
+            old[:] = new
 
-    def __init__(self, channel: Channel, name: str) -> None:
-        self._channel, self._name = channel, name
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._channel.call(self._name, args, kwargs)
+def _code_names(code: Any) -> set[str]:
+    """Every global or attribute name a compiled statement uses, nested code (lambdas, comprehensions) included."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _code_names(const)
+    return names
 
-    def __repr__(self) -> str:
-        return f"<function {self._name}>"
+
+# builtins that `site` adds (the harness runs with -S): builtins of every normal Python all the same
+_SITE_BUILTINS = ("copyright", "credits", "exit", "help", "license", "quit")
+
+
+def _bind(names: list[str], needed: set[str], namespace: dict[str, Any], channel: Channel, protected: set[str]) -> None:
+    """Bind the program's names the tests use into `namespace`: never a builtin or a protected name (a
+    standard-library module the tests import, the harness's own), so a program cannot redefine `set`, `round` or
+    `math` for its tests."""
+    for name in names:
+        if (
+            name in needed
+            and name not in protected
+            and not hasattr(builtins, name)
+            and name not in _SITE_BUILTINS
+            and not name.startswith("_grpo")
+        ):
+            namespace[name] = channel.value(name)
 
 
 class Units:
@@ -623,10 +1077,43 @@ class Units:
             self.first_error = f"test {i}: {type(error).__name__}: {str(error)[:300]}"
 
 
+def outputs_match(got: str, expected: str, float_tolerance: float | None = None) -> bool:
+    """stdout against the expected output as the datasets' checkers compare: line by line, trailing whitespace
+    and trailing blank lines ignored; with a tolerance, tokens that both parse as numbers may differ by that much
+    (absolute or relative)."""
+    a, b = _lines(got), _lines(expected)
+    if a == b:
+        return True
+    if float_tolerance is None or len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        xs, ys = x.split(), y.split()
+        if len(xs) != len(ys):
+            return False
+        for u, v in zip(xs, ys, strict=True):
+            if u != v and not _close(u, v, float_tolerance):
+                return False
+    return True
+
+
+def _lines(text: str) -> list[str]:
+    lines = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def _close(u: str, v: str, tolerance: float) -> bool:
+    try:
+        a, b = float(u), float(v)
+    except ValueError:
+        return False
+    return abs(a - b) <= tolerance * max(1.0, abs(b))
+
+
 def run_tests(spec: dict[str, Any], channel: Channel) -> dict[str, Any]:
     """Run the tests against the program; returns the payload of the verdict."""
-    import builtins
-
+    global _REFS
     result: dict[str, Any] = {
         "loaded": False,
         "passed": 0,
@@ -635,14 +1122,42 @@ def run_tests(spec: dict[str, Any], channel: Channel) -> dict[str, Any]:
         "error": "",
         "timeout": False,
     }
+    units = Units(result["total"])
+    _REFS = _TestsSide(channel)
     try:
-        names = channel.ready()
+        if spec["kind"] == "stdio":
+            channel.start("stdio")
+            result["loaded"] = True
+            _run_stdio(spec, channel, units)
+            result["completed"] = True
+        else:
+            channel.start("load")
+            names = channel.ready()
+            result["loaded"] = True
+            _run_calls(spec, channel, names, units, result)
     except CandidateFailure as e:
         result["error"] = str(e)
-        result["timeout"] = channel.timed_out
-        return result
-    result["loaded"] = True
-    units = Units(result["total"])
+    result["passed"] = len(units.passed)
+    result["error"] = result["error"] or units.first_error
+    if result["total"] == 0:  # no assert at the top of `check`: the whole call is the one unit
+        result["total"], result["passed"] = 1, int(result["completed"])
+    result["timeout"] = channel.timed_out
+    return result
+
+
+def _run_stdio(spec: dict[str, Any], channel: Channel, units: Units) -> None:
+    """stdin/stdout tests: one fresh run of the program per case."""
+    seconds, max_bytes, tolerance = float(spec["case_timeout"]), int(spec["max_output"]), spec.get("float_tolerance")
+    for i, (text, expected) in enumerate(spec["cases"]):
+        out, ended = channel.run_case(text, seconds, max_bytes)
+        if ended == "exit 0" and outputs_match(out, expected, tolerance):
+            units.ok(i)
+        elif not units.first_error:
+            units.first_error = f"test {i}: {ended}" + ("" if ended != "exit 0" else ": wrong output")
+
+
+def _run_calls(spec: dict[str, Any], channel: Channel, names: list[str], units: Units, result: dict[str, Any]) -> None:
+    """Tests that call the program's functions: HumanEval `check`, assert lists, or call-based cases."""
     namespace: dict[str, Any] = {"__name__": "__tests__", "__builtins__": builtins, "_grpo_units_": units}
     channel.namespace = namespace
     for module in spec.get("imports", []):
@@ -650,39 +1165,71 @@ def run_tests(spec: dict[str, Any], channel: Channel) -> dict[str, Any]:
             namespace[module] = __import__(module)
         except Exception:
             pass
-    if spec["kind"] == "humaneval":
+    kind = spec["kind"]
+    if kind == "humaneval":
         if spec.get("setup"):  # the task's prompt: imports and helpers (e.g. `poly`) that tests use
             try:
                 exec(compile(spec["setup"], "<prompt>", "exec"), namespace)
             except Exception:
                 pass
         exec(compile(spec["test"], "<test>", "exec"), namespace)  # trusted; errors here are infrastructure errors
-        proxy = Proxy(channel, spec["entry_point"])
-        namespace[spec["entry_point"]] = proxy
+        entry = spec["entry_point"]
+        if entry.isidentifier():  # the dataset names the function: the program's definition wins over the prompt's
+            candidate = namespace[entry] = channel.value(entry) if entry in names else _missing(entry)
+        else:
+            candidate = _entry(entry, names, namespace, channel, set(spec.get("imports", [])))
         try:
-            namespace["check"](proxy)
+            namespace["check"](candidate)
             result["completed"] = True
+        except CandidateFailure:
+            raise
         except Exception as e:
             result["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-    else:  # "asserts": one unit per statement, each run on its own
-        for name in names:
-            namespace[name] = Proxy(channel, name)
-        if spec.get("setup"):
-            exec(compile(spec["setup"], "<setup>", "exec"), namespace)
-        for i, statement in enumerate(spec["asserts"]):
+    elif kind == "calls":  # call-based cases: the entry's answer compared with the expected value
+        protected = set(namespace)
+        for i, (args, expected) in enumerate(spec["calls"]):
             try:
-                exec(compile(statement, f"<test {i}>", "exec"), namespace)
-                units.ok(i)
+                got = _entry(spec["entry_point"], names, namespace, channel, protected)(*args)
+                if type(got) is tuple:  # JSON has no tuples: the datasets' checkers compare them as lists
+                    got = list(got)
+                if got == expected or (spec.get("unwrap") and type(expected) is list and [got] == expected):
+                    units.ok(i)
+                elif not units.first_error:
+                    units.first_error = f"test {i}: wrong answer"
+            except CandidateFailure:
+                raise
             except Exception as e:
-                if not result["error"]:
-                    result["error"] = f"test {i}: {type(e).__name__}: {str(e)[:300]}"
+                units.fail(i, e)
         result["completed"] = True
-    result["passed"] = len(units.passed)
-    result["error"] = result["error"] or units.first_error
-    if result["total"] == 0:  # no assert at the top of `check`: the whole call is the one unit
-        result["total"], result["passed"] = 1, int(result["completed"])
-    result["timeout"] = channel.timed_out
-    return result
+    else:  # "asserts": one unit per statement, each run on its own
+        codes = [compile(statement, f"<test {i}>", "exec") for i, statement in enumerate(spec["asserts"])]
+        _bind(names, set().union(*map(_code_names, codes)), namespace, channel, set(namespace))
+        for i, code in enumerate(codes):
+            try:
+                exec(code, namespace)
+                units.ok(i)
+            except CandidateFailure:
+                raise
+            except Exception as e:
+                units.fail(i, e)
+        result["completed"] = True
+
+
+def _entry(entry: str, names: list[str], namespace: dict[str, Any], channel: Channel, protected: set[str]) -> Any:
+    """The entry point: a function name, or an expression such as `Solution().twoSum` (LeetCode-style rows)."""
+    code = compile(entry, "<entry point>", "eval")
+    scope = dict(namespace)
+    _bind(names, _code_names(code), scope, channel, protected)
+    return eval(code, scope)
+
+
+def _missing(name: str) -> Callable[..., Any]:
+    """Stands in for an entry point the program does not define: every call fails, as a NameError would."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        raise NameError(f"name {name!r} is not defined")
+
+    return call
 
 
 def mac(key: bytes, body: bytes) -> str:
@@ -761,7 +1308,7 @@ def run_program(config: dict[str, Any], spec_fd: int, verdict_fd: int, out_fd: i
         try:
             for fd in (spec_fd, verdict_fd, req_w, resp_r):
                 os.close(fd)
-            serve_program(program, req_r, resp_w)
+            serve_program(program, req_r, resp_w, 2)
         finally:
             os._exit(0)
     os.close(req_r)

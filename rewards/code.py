@@ -20,8 +20,17 @@ import logging
 import re
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
+from grpo_pipeline.rewards.code_formats import (
+    TEST_FORMAT_COLUMNS,
+    ParsedTests,
+    StdioCase,
+    TestFormatError,
+    entry_expression,
+    parse_tests,
+)
 from grpo_pipeline.rewards.registry import RewardError, RewardFn, completion_text, register
 from grpo_pipeline.rewards.sandbox import (
     CodeJob,
@@ -37,7 +46,18 @@ logger = logging.getLogger(__name__)
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
 
 
-TEST_COLUMNS = ("test", "entry_point", "test_list", "test_setup_code")  # the row columns `build_job` reads
+# the row columns `build_job` reads
+TEST_COLUMNS = ("test", "entry_point", "test_list", "test_setup_code", *TEST_FORMAT_COLUMNS)
+
+
+@dataclass(frozen=True)
+class IoLimits:
+    """How stdin/stdout cases run: a wall clock per case (the row's limit is the sandbox's `timeout_s`), the
+    stdout kept per case, and an optional tolerance for numbers (absolute, or relative above 1)."""
+
+    case_timeout_s: float = 2.0
+    max_output_bytes: int = 1 << 20
+    float_tolerance: float | None = None
 
 
 class TestSpecError(ValueError):
@@ -70,7 +90,12 @@ def is_python(source: str) -> bool:
 
 
 def defines_function(source: str, name: str) -> bool:
-    return re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(name)}\s*\(", source, re.MULTILINE) is not None
+    """Whether `source` defines `name` (a function, or the class of an entry point such as `Solution().twoSum`)."""
+    root = re.match(r"\s*([A-Za-z_]\w*)", name)
+    if root is None:
+        return False
+    pattern = rf"^\s*(?:(?:async\s+)?def|class)\s+{re.escape(root.group(1))}\s*[(:]"
+    return re.search(pattern, source, re.MULTILINE) is not None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -116,10 +141,13 @@ def instrument_check(test: str) -> tuple[str, int]:
 
 @functools.lru_cache(maxsize=4096)
 def _stdlib_names(statements: tuple[str, ...]) -> list[str]:
-    """Standard-library modules the assert strings use by name (e.g. `math.isclose`), imported for them."""
+    """Standard-library modules the assert strings use as modules (`math.isclose`), imported for them; a bare
+    call such as `random(3)` is left to the program, which may define a function of that name."""
     names: set[str] = set()
     for s in statements:
-        names |= {n.id for n in ast.walk(ast.parse(s)) if isinstance(n, ast.Name)}
+        names |= {
+            n.value.id for n in ast.walk(ast.parse(s)) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+        }
     return sorted(n for n in names if n in sys.stdlib_module_names)
 
 
@@ -145,20 +173,61 @@ def asserts_job(completion: str, asserts: Sequence[str], setup: str = "") -> Cod
     spec = {
         "kind": "asserts",
         "asserts": list(statements),
-        "setup": setup or "",
         "total": len(statements),
         "imports": _stdlib_names(statements),
+    }
+    # MBPP runs `test_setup_code` after the program, in its namespace: here in the program's process too, so the
+    # objects it builds (`root = Node(1)`) are the program's own, and reach the asserts as handles
+    program = extract_code(completion)
+    return CodeJob(program=f"{program}\n\n{setup}" if setup and setup.strip() else program, spec=spec)
+
+
+def stdio_job(completion: str, cases: Sequence[StdioCase], io: IoLimits) -> CodeJob:
+    """A sandbox job for stdin/stdout tests: the program runs afresh for each case, its stdout compared with the
+    expected output line by line (trailing whitespace and trailing blank lines ignored)."""
+    spec = {
+        "kind": "stdio",
+        "cases": [(c.input, c.output) for c in cases],
+        "total": len(cases),
+        "case_timeout": io.case_timeout_s,
+        "max_output": io.max_output_bytes,
+        "float_tolerance": io.float_tolerance,
     }
     return CodeJob(program=extract_code(completion), spec=spec)
 
 
-def build_job(prompt: Any, completion: Any, row: dict[str, Any]) -> CodeJob | None:
+def calls_job(completion: str, tests: ParsedTests) -> CodeJob:
+    """A sandbox job for call-based tests (APPS `fn_name`, LiveCodeBench functional): each case calls the entry
+    point with its arguments; the answer must equal the expected value (as the datasets' checkers compare)."""
+    code = extract_code(completion)
+    entry = entry_expression(tests, code)
+    spec = {
+        "kind": "calls",
+        "entry_point": entry,
+        "calls": [(list(c.args), c.expected) for c in tests.cases],
+        "total": len(tests.cases),
+        "unwrap": tests.unwrap_single,
+    }
+    return CodeJob(program=code, spec=spec)
+
+
+def build_job(prompt: Any, completion: Any, row: dict[str, Any], io: IoLimits | None = None) -> CodeJob | None:
     """The job for one row, or None when the row carries no tests this reward understands."""
     test, entry_point = row.get("test"), row.get("entry_point")
     tests = row.get("test_list")
     if tests is None and isinstance(test, (list, tuple)):
         tests = test
     text = completion_text(completion)
+    try:
+        parsed = parse_tests(row)
+    except TestFormatError as e:
+        raise TestSpecError(str(e)) from None
+    if parsed is not None:
+        if not parsed.cases:
+            raise TestSpecError(f"the row's {parsed.source} tests have no cases")
+        if parsed.style == "stdio":
+            return stdio_job(text, parsed.cases, io or IoLimits())
+        return calls_job(text, parsed)
     if tests is not None and len(tests) > 0:
         return asserts_job(text, tests, row.get("test_setup_code") or "")
     if isinstance(test, str) and test.strip() and entry_point:
@@ -167,22 +236,32 @@ def build_job(prompt: Any, completion: Any, row: dict[str, Any]) -> CodeJob | No
 
 
 def run_rows(
-    prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, Sequence[Any]], config: SandboxConfig
-) -> list[RunResult | None]:
-    """Sandbox results for every row (None where the row has no tests or its tests are broken)."""
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    columns: dict[str, Sequence[Any]],
+    config: SandboxConfig,
+    io: IoLimits | None = None,
+) -> tuple[list[RunResult | None], list[str | None]]:
+    """Sandbox results for every row, and for each row without one (None) the reason: the row has no tests, its
+    tests are broken, or the sandbox failed to run the program twice (an infrastructure error, never the program's
+    fault, so it is retried once)."""
     jobs: list[CodeJob] = []
     where: list[int] = []
+    reasons: list[str | None] = [None] * len(completions)
     # Only the columns the tests live in: TRL also passes objects that are not per-row (`trainer_state`,
     # `log_extra`, `log_metric`) and extra dataset columns this reward does not read.
     columns = {k: v for k, v in columns.items() if k in TEST_COLUMNS and v is not None}
     for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
         row = {k: v[i] for k, v in columns.items()}
         try:
-            job = build_job(p, c, row)
+            job = build_job(p, c, row, io)
         except TestSpecError as e:
             logger.error("row %d: %s; scoring it None", i, e)
+            reasons[i] = f"tests cannot run: {e}"
             continue
-        if job is not None:
+        if job is None:
+            reasons[i] = f"no tests: the row has none of the columns {', '.join(TEST_COLUMNS)}"
+        else:
             jobs.append(job)
             where.append(i)
     # A GRPO group often holds the same program several times (a sharpened policy samples its favourite body again
@@ -191,14 +270,24 @@ def run_rows(
     unique: dict[tuple[str, str], int] = {}
     slot = [unique.setdefault((j.program, json.dumps(j.spec, sort_keys=True)), len(unique)) for j in jobs]
     distinct = [jobs[slot.index(u)] for u in range(len(unique))]
-    ran = default_sandbox(config).run(distinct)
+    sandbox = default_sandbox(config)
+    ran = sandbox.run(distinct)
+    again = [u for u, r in enumerate(ran) if r.infra_error]
+    if again:
+        logger.warning(
+            "code_tests: the sandbox failed to run %d of %d programs; running them again", len(again), len(ran)
+        )
+        for u, r in zip(again, sandbox.run([distinct[u] for u in again]), strict=True):
+            ran[u] = r
     results: list[RunResult | None] = [None] * len(completions)
     for i, u in zip(where, slot, strict=True):
         results[i] = ran[u]
+        if ran[u].infra_error:
+            reasons[i] = f"sandbox error: {ran[u].detail}"
     infra = sum(1 for r in results if r is not None and r.infra_error)
     if infra:
-        logger.warning("code_tests: %d of %d programs hit infrastructure errors (scored None)", infra, len(jobs))
-    return results
+        logger.warning("code_tests: %d of %d programs hit infrastructure errors twice (scored None)", infra, len(jobs))
+    return results, reasons
 
 
 @register("code_tests")
@@ -212,11 +301,17 @@ def code_tests_reward(
     isolation: Isolation = "auto",
     python: str | None = None,
     extra_ro_paths: Sequence[str] = (),
+    case_timeout_s: float = 2.0,
+    float_tolerance: float | None = None,
 ) -> RewardFn:
     """Run each completion against its row's unit tests in the sandbox: 1/0 all passed, or the passed fraction.
 
     Columns: HumanEval style `test` + `entry_point` (program = prompt + completion, or the completion's own code
-    block when it defines the function), or MBPP style `test_list` (+ optional `test_setup_code`).
+    block when it defines the function), MBPP style `test_list` (+ optional `test_setup_code`), or the
+    stdin/stdout and call-based formats of rewards/code_formats.py (APPS/TACO `input_output`, CodeContests
+    `public_tests`/`private_tests`/`generated_tests`, LiveCodeBench `public_test_cases`/`private_test_cases`,
+    open-r1 `verification_info`). `timeout_s` bounds a whole row; `case_timeout_s` one stdin/stdout case;
+    `float_tolerance` lets numbers in stdout differ by that much (absolute, or relative above 1).
     """
     if mode not in ("pass", "fraction"):
         raise ValueError(f"mode must be 'pass' or 'fraction', got {mode!r}")
@@ -235,8 +330,14 @@ def code_tests_reward(
     except (SandboxUnavailable, ValueError) as e:
         raise RewardError(f"reward 'code_tests': {e}") from None
 
+    io = IoLimits(case_timeout_s=case_timeout_s, max_output_bytes=max_output_bytes, float_tolerance=float_tolerance)
+
     def code_tests(prompts, completions, **columns) -> list[float | None]:
-        results = run_rows(prompts, completions, columns, config)
+        results, reasons = run_rows(prompts, completions, columns, config, io)
+        code_tests.none_reasons[:] = reasons  # why each None is None (`grpo-pipeline rewards score` prints them);
+        # changed in place, so that wrappers made with functools.update_wrapper share the list
         return [None if r is None else r.score(mode) for r in results]
+
+    code_tests.none_reasons = []
 
     return code_tests
