@@ -1,0 +1,181 @@
+"""stdin/stdout and call-based code tests, in the formats public code-RL datasets publish, through `code_tests`.
+
+Each format gets an honest program (1.0), its wrong twin (0.0) and attempts to cheat (0.0). The rows are shaped as
+the datasets publish them (rewards/code_formats.py cites each); programs run in real sandboxes.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import pickle
+import textwrap
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from grpo_pipeline.cli import app
+from grpo_pipeline.rewards.registry import build_reward
+
+pytestmark = pytest.mark.integration
+
+ADD_STDIO = {"inputs": ["1 2\n", "3 4\n", "-5 5\n"], "outputs": ["3\n", "7\n", "0\n"]}
+ADD_CALLS = {"inputs": [[1, 2], [3, 4]], "outputs": [[3], [7]], "fn_name": "add"}
+HONEST_ADD = "a, b = map(int, input().split())\nprint(a + b)\n"
+WRONG_ADD = "a, b = map(int, input().split())\nprint(a * b)\n"
+
+
+def lcb_private(cases: list[dict[str, str]]) -> str:
+    """LiveCodeBench's private cases: base64 of zlib of a pickled JSON string."""
+    return base64.b64encode(zlib.compress(pickle.dumps(json.dumps(cases)))).decode()
+
+
+LCB_STDIN = {
+    "public_test_cases": json.dumps([{"input": "1 2\n", "output": "3\n", "testtype": "stdin"}]),
+    "private_test_cases": lcb_private([{"input": "10 20\n", "output": "30\n", "testtype": "stdin"}]),
+    "metadata": json.dumps({}),
+}
+LCB_FUNCTIONAL = {
+    "public_test_cases": json.dumps([{"input": "[2,7,11,15]\n9", "output": "[0, 1]", "testtype": "functional"}]),
+    "private_test_cases": lcb_private([{"input": "[3,2,4]\n6", "output": "[1, 2]", "testtype": "functional"}]),
+    "metadata": json.dumps({"func_name": "twoSum"}),
+}
+TWO_SUM = """
+    class Solution:
+        def twoSum(self, nums: list[int], target: int) -> list[int]:
+            seen = {}
+            for i, x in enumerate(nums):
+                if target - x in seen:
+                    return [seen[target - x], i]
+                seen[x] = i
+"""
+CODECONTESTS = {
+    "public_tests": {"input": ["1 2\n"], "output": ["3\n"]},
+    "private_tests": {"input": ["2 2\n"], "output": ["4\n"]},  # a program that multiplies passes the public test
+    "generated_tests": {"input": ["7 8\n"], "output": ["15\n"]},
+}
+OPEN_R1 = {
+    "verification_info": json.dumps(
+        {
+            "language": "python",
+            "test_cases": [
+                {"input": "1 2\n", "output": "3\n", "type": "stdin_stdout"},
+                {"input": "2 2\n", "output": "4\n", "type": "stdin_stdout"},
+            ],
+        }
+    )
+}
+
+# (row columns, honest program, wrong twin): the wrong twin multiplies where it should add, and passes a 2 2 case
+FORMATS: dict[str, tuple[dict[str, Any], str, str]] = {
+    "APPS stdin/stdout": ({"input_output": json.dumps(ADD_STDIO)}, HONEST_ADD, WRONG_ADD),
+    "APPS call-based": (
+        {"input_output": json.dumps(ADD_CALLS)},
+        "def add(a, b):\n    return a + b\n",
+        "def add(a, b):\n    return a * b\n",
+    ),
+    "APPS call-based on class Solution": (
+        {"input_output": json.dumps(ADD_CALLS)},
+        "class Solution:\n    def add(self, a, b):\n        return a + b\n",
+        "class Solution:\n    def add(self, a, b):\n        return a * b\n",
+    ),
+    "CodeContests": (CODECONTESTS, HONEST_ADD, WRONG_ADD),
+    "LiveCodeBench stdin": (LCB_STDIN, HONEST_ADD, WRONG_ADD),
+    "LiveCodeBench functional": (
+        LCB_FUNCTIONAL,
+        TWO_SUM,
+        "class Solution:\n    def twoSum(self, nums, target):\n        return [0, 1]\n",
+    ),
+    "open-r1 verification_info": (OPEN_R1, HONEST_ADD, WRONG_ADD),
+}
+
+CHEATS = {  # stdin/stdout programs that try to pass without adding
+    "kill the process that runs it": "import os\nos.kill(os.getppid(), 9)\n",
+    "exit before printing": "import os\nos._exit(0)\n",
+    "flood stdout": "print('3\\n' * 10_000_000)\n",
+    "read the expected output from memory": (
+        "import gc\nprint(next(o for o in gc.get_objects() if isinstance(o, str) and o.strip() in ('3', '7', '0')))\n"
+    ),
+    "write to other descriptors": "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'3\\n')\n"
+    "    except OSError:\n        pass\n",
+    "read another process's memory": "import os\nprint(open(f'/proc/{os.getppid()}/mem', 'rb').read(1))\n",
+}
+
+
+@pytest.fixture(scope="module")
+def code_tests(code_sandbox: None) -> Any:
+    return build_reward("code_tests", {"timeout_s": 20.0, "case_timeout_s": 5.0})
+
+
+def score(reward: Any, columns: dict[str, Any], programs: list[str], prompt: str = "Solve it.") -> list[float | None]:
+    n = len(programs)
+    fenced = [f"Here it is:\n```python\n{textwrap.dedent(p)}```\n" for p in programs]  # a chat completion's block
+    return reward([prompt] * n, fenced, **{k: [v] * n for k, v in columns.items()})
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_honest_program_passes_and_its_wrong_twin_fails(code_tests: Any, name: str) -> None:
+    columns, honest, wrong = FORMATS[name]
+    assert score(code_tests, columns, [honest, wrong]) == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("name", sorted(CHEATS))
+def test_cheats_score_zero(code_tests: Any, name: str) -> None:
+    assert score(code_tests, {"input_output": json.dumps(ADD_STDIO)}, [CHEATS[name]]) == [0.0]
+
+
+def test_an_answer_that_equals_everything_fails_call_based_tests(code_tests: Any) -> None:
+    forged = "class Yes:\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return Yes()\n"
+    killer = "import os\ndef add(a, b):\n    os.kill(os.getppid(), 9)\n"
+    assert score(code_tests, {"input_output": json.dumps(ADD_CALLS)}, [forged, killer]) == [0.0, 0.0]
+
+
+def test_outputs_compare_line_by_line_ignoring_trailing_whitespace(code_tests: Any) -> None:
+    spaced = "a, b = map(int, input().split())\nprint(a + b, end='   \\n\\n\\n')\n"
+    leading = "a, b = map(int, input().split())\nprint(' ', a + b)\n"
+    two_lines = "a, b = map(int, input().split())\nprint(a)\nprint(b)\n"
+    assert score(code_tests, {"input_output": json.dumps(ADD_STDIO)}, [spaced, leading, two_lines]) == [1.0, 0.0, 0.0]
+
+
+def test_float_tolerance_is_opt_in(code_sandbox: None) -> None:
+    columns = {"input_output": json.dumps({"inputs": ["1\n"], "outputs": ["0.3333333\n"]})}
+    program = "print(int(input()) / 3)\n"  # 0.3333333333333333
+    strict = build_reward("code_tests", {"timeout_s": 20.0})
+    tolerant = build_reward("code_tests", {"timeout_s": 20.0, "float_tolerance": 1e-6})
+    assert score(strict, columns, [program]) == [0.0]
+    assert score(tolerant, columns, [program, "print(0.34)\n"]) == [1.0, 0.0]
+
+
+def test_a_case_over_its_time_limit_fails_alone(code_sandbox: None) -> None:
+    """Each case runs in a fresh process with its own wall clock: one that loops fails, the others still pass."""
+    reward = build_reward("code_tests", {"timeout_s": 30.0, "case_timeout_s": 1.0, "mode": "fraction"})
+    looping = "a, b = map(int, input().split())\nwhile a == 3:\n    pass\nprint(a + b)\n"
+    hungry = "a, b = map(int, input().split())\nx = bytearray(2 << 30) if a == 3 else b''\nprint(a + b)\n"
+    scores = score(reward, {"input_output": json.dumps(ADD_STDIO)}, [looping, hungry])
+    assert scores == [pytest.approx(2 / 3), pytest.approx(2 / 3)]
+
+
+def test_rows_that_cannot_be_scored_say_why(code_tests: Any) -> None:
+    other_language = {
+        "verification_info": json.dumps({"language": "cpp", "test_cases": [{"input": "1", "output": "1"}]})
+    }
+    assert score(code_tests, other_language, [HONEST_ADD]) == [None]
+    assert "cpp" in code_tests.none_reasons[0]
+
+
+def test_rewards_score_gives_honest_rows_1_and_wrong_twins_0(code_sandbox: None, tmp_path: Path) -> None:
+    rows = []
+    for name, (columns, honest, wrong) in FORMATS.items():
+        for kind, program in (("honest", honest), ("wrong", wrong)):
+            rows.append({"prompt": name, "completion": textwrap.dedent(program), "kind": kind, **columns})
+    source, out = tmp_path / "rows.jsonl", tmp_path / "scored.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = CliRunner().invoke(
+        app, ["rewards", "score", "--rewards", "code_tests", "--input", str(source), "--output", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    scored = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["code_tests"] for r in scored] == [1.0 if r["kind"] == "honest" else 0.0 for r in scored]
