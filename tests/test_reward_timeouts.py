@@ -114,6 +114,15 @@ def test_async_rewards_run_to_completion() -> None:
     assert fn(prompts=["p", "q"], completions=["c", "d"]) == [0.5, 0.5]
 
 
+def test_trl_sees_each_reward_by_its_name_and_as_sync() -> None:
+    from trl.trainer.utils import get_callable_name, is_async_callable
+
+    for name, stable in [(f"{HERE}:async_reward", "async_reward"), ("correctness", "correctness")]:
+        fn = build_reward(name)
+        # TRL logs rewards/<name>/mean and would await an async one: the wrapper awaits it itself
+        assert get_callable_name(fn) == stable and not is_async_callable(fn)
+
+
 def test_the_call_thread_keeps_the_callers_context_and_grad_mode() -> None:
     import torch
 
