@@ -5,8 +5,9 @@ training forever, and a Python thread cannot be killed. So every call of a built
 and the caller waits at most `timeout_s` for it (`RewardSpec.timeout_s`, default 300 s). A call that misses its limit
 scores None for all its rows, with one warning naming the reward; the stuck thread is abandoned, keeps running until
 the reward returns (its result is thrown away) and the next call gets a fresh thread. Limits:
-- an abandoned call still holds what it holds (CPU, a connection, a lock of its own) until it returns; rewards that
-  do slow work read `call_deadline()` to give up early (the judge and math-verify do);
+- an abandoned call still holds what it holds (CPU, a connection, a lock of its own) until it returns, and one that
+  waits on a `concurrent.futures` thread pool of its own delays the interpreter's exit until that pool is done;
+  rewards that do slow work read `call_deadline()` to give up early (the judge and math-verify do);
 - a reward that times out on more than half of its rows over its last `TIMEOUT_WINDOW_CALLS` calls (counted from
   `TIMEOUT_MIN_CALLS` calls and `TIMEOUT_MIN_ROWS` rows on) stops the run with a RewardError, and so does one with
   more than `MAX_STUCK_CALLS` abandoned calls still running, so stuck threads cannot pile up without bound;
