@@ -9,9 +9,15 @@ registered again, so a retried or repeated registration leaves exactly one versi
 Registration is idempotent across a failure at any point, as when the tracking server goes away mid-way (the
 register stage then retries, see flows/grpo_pipeline.py): a model already logged to the run from the same checkpoint
 is reused rather than logged again, the completions table is logged once, a version created but left without its
-alias (the server was gone before it could be set or the version deleted) is given the alias its gate tags record,
-and a second version of the same run (a create request retried by MLflow's HTTP client after the server had
-committed the first) is deleted.
+alias (the server was gone before it could be set or the version deleted) is given the alias its gate decision
+gives, and a second version of the same run (a create request retried by MLflow's HTTP client after the server had
+committed the first) is deleted. That decision is the one its gate tags record only while the champion they name is
+still the champion: when another run has promoted a version since, the version is compared again with the champion
+of the moment, so an old comparison never takes `champion` from a version it was not compared with.
+
+Gating one registered model is serialised (tasks/tracking.registry_lock) from reading the champion to moving the
+alias, across every run that shares the Prefect API (a global concurrency limit named after the model) and every run
+that shares the run directory (a file lock).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from grpo_pipeline.tasks.card import model_card
 from grpo_pipeline.tasks.common import Checkpoint, logger
 from grpo_pipeline.tasks.curves import CURVE_ARTIFACT, PROBE_METRIC, learning_curve_figure, metric_history
 from grpo_pipeline.tasks.evaluate import EvalResult
-from grpo_pipeline.tasks.gate import ITEMS_ARTIFACT, GateDecision, decide
+from grpo_pipeline.tasks.gate import ITEMS_ARTIFACT, TAG, GateDecision, current_champion, decide
 from grpo_pipeline.tasks.health import health_tags
 from grpo_pipeline.tasks.lineage import provenance_tags
 from grpo_pipeline.tasks.stage import RunContext, stage
@@ -117,13 +123,21 @@ def register_policy(
     client = MlflowClient()
     with registry_lock(ctx.run_dir, cfg.model_name):  # another run gating the same model waits its turn
         existing = _version_of_run(client, cfg.model_name, policy.run_id)
+
+        def gated(items: pd.DataFrame) -> tuple[GateDecision, dict[str, str], str]:
+            gate = decide(client, cfg, result, items, ctx, alarms=policy.alarms)  # unhealthy round: challenger only
+            all_tags = {**tags, **provenance_tags(result), **health_tags(policy.alarms), **gate.tags()}
+            prompt = str(items["prompt"].iloc[0])
+            return gate, all_tags, model_card(cfg, policy, result, baseline, gate, all_tags, config_yaml, prompt=prompt)
+
         if existing is not None:
             logger.info("run %s is version %s already; not registered again", policy.run_id, existing.version)
+            if _pending(existing) and not existing.aliases and _champion_moved(client, existing):
+                gate, _, card = gated(result.items())
+                existing = _regate(client, existing, gate, card)
             return _registration_of(client, _finished(client, existing))
         items = result.items()
-        gate = decide(client, cfg, result, items, ctx, alarms=policy.alarms)  # an unhealthy round: challenger only
-        tags = {**tags, **provenance_tags(result), **health_tags(policy.alarms), **gate.tags()}
-        card = model_card(cfg, policy, result, baseline, gate, tags, config_yaml, prompt=str(items["prompt"].iloc[0]))
+        gate, tags, card = gated(items)
         model_id = _log_policy_run(client, policy, path, result, items, baseline, config_yaml, tags, card)
         return _create_gated_version(client, cfg, policy.run_id, model_id, gate, tags, card)
 
@@ -147,8 +161,51 @@ def _version_of_run(client: MlflowClient, name: str, run_id: str) -> ModelVersio
     return keep
 
 
+def _champion_moved(client: MlflowClient, version: ModelVersion) -> bool:
+    """Whether `champion` is on another version (or none) than the one `version`'s gate tags were compared with."""
+    champion = current_champion(client, version.name)
+    now = None if champion is None else str(champion.version)
+    recorded = GateDecision.from_tags(version.tags).champion_version
+    if now != recorded:
+        logger.warning("version %s of %s was gated against champion %s, but the champion is now %s: comparing again",
+                       version.version, version.name, recorded or "(none)", now or "(none)")  # fmt: skip
+    return now != recorded
+
+
+def _regate(client: MlflowClient, version: ModelVersion, gate: GateDecision, card: str) -> ModelVersion:
+    """`version`'s gate tags (on the version and on its run) and card replaced by `gate`, a comparison with the current
+    champion. The champion's version is written last: a retry interrupted half-way finds the old one and compares
+    again."""
+    new, last = gate.tags(), f"{TAG}champion_version"
+    client.update_model_version(version.name, version.version, description=card)
+    for key, value in new.items():
+        if key != last:
+            client.set_model_version_tag(version.name, version.version, key, value)
+            client.set_tag(version.run_id, key, value)
+    for key in [k for k in version.tags if k.startswith(TAG) and k not in new and k != last]:
+        _delete_gate_tag(client, version, key)
+    if last in new:
+        client.set_tag(version.run_id, last, new[last])
+        client.set_model_version_tag(version.name, version.version, last, new[last])
+    elif last in version.tags:
+        _delete_gate_tag(client, version, last)
+    return client.get_model_version(version.name, version.version)
+
+
+def _delete_gate_tag(client: MlflowClient, version: ModelVersion, key: str) -> None:
+    """A gate tag the new decision does not have, off the run (if still there) and then off the version."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.delete_tag(version.run_id, key)
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+    client.delete_model_version_tag(version.name, version.version, key)
+
+
 def _finished(client: MlflowClient, version: ModelVersion) -> ModelVersion:
-    """A version whose registration was interrupted, given the alias its gate tags record (if it has none yet) and
+    """A version whose registration was interrupted, given the alias its gate tags decide (if it has none yet) and
     marked finished. A finished version is left as it is, even one whose alias has moved on to a newer version."""
     if not _pending(version):
         return version
