@@ -658,7 +658,9 @@ def serve_program(program: str, req_fd: int, resp_fd: int, out_fd: int) -> None:
         names = [
             k for k, v in list(namespace.items()) if type(k) is str and not k.startswith("__") and v is not sys.exit
         ]
-        send(resp_fd, ("ready", names))
+        # functions and classes the tests may bind by name at once; other values need a request ("value")
+        code_types = (type(_site_names), type)
+        send(resp_fd, ("ready", names, [k for k in names if type(namespace[k]) in code_types]))
     except BaseException as e:  # SystemExit, SkipTest, ... at import time: the program did not load
         send(resp_fd, ("load_error", type(e).__name__, str(e)[:500]))
         os._exit(0)
@@ -723,8 +725,6 @@ def _serve_stdio(program: str, req_fd: int, resp_fd: int, out_fd: int) -> None:
 
 def _run_main(code: Any) -> int:
     """Run a program as `python program.py` would, with this process's stdin and stdout; its exit status."""
-    import traceback
-
     sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
     sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
     status = 0
@@ -733,6 +733,8 @@ def _run_main(code: Any) -> int:
     except SystemExit as e:
         status = 0 if e.code is None else e.code if type(e.code) is int else 1
     except BaseException:
+        import traceback  # only here: importing it costs more than running a small program
+
         traceback.print_exc()
         status = 1
     try:
@@ -760,14 +762,27 @@ def _collect(pid: int, out_r: int, deadline: float, max_bytes: int) -> tuple[str
             size += len(chunk)
             if size > max_bytes:
                 ended = "output_limit"
-    while not ended:  # stdout closed: wait for the exit status (a process it left may hold nothing of ours)
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            code = os.waitstatus_to_exitcode(status)
-            return b"".join(chunks).decode("utf-8", "replace"), f"exit {code}"
-        if _now() > deadline:
-            ended = "timeout"
-        time.sleep(0.0005)
+    if not ended:  # stdout closed: wait for the exit status, woken by the pidfd (no polling; Linux 5.3+)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            pidfd = None
+        while not ended:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                if pidfd is not None:
+                    os.close(pidfd)
+                code = os.waitstatus_to_exitcode(status)
+                return b"".join(chunks).decode("utf-8", "replace"), f"exit {code}"
+            wait = deadline - _now()
+            if wait <= 0:
+                ended = "timeout"
+            elif pidfd is not None:
+                select.select([pidfd], [], [], wait)
+            else:
+                time.sleep(0.0005)
+        if pidfd is not None:
+            os.close(pidfd)
     try:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
@@ -849,22 +864,19 @@ class Handle:
         return self._op("index").__index__()
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is Handle and other._grpo_ref == self._grpo_ref
+        return type(other) is type(self) and other._grpo_ref == self._grpo_ref
 
     def __ne__(self, other: object) -> bool:
         return not self == other
 
     def __hash__(self) -> int:
-        return hash(("handle", self._grpo_ref))
+        return hash((type(self).__name__, self._grpo_ref))
 
 
-class _Name:
-    """A name of the program's namespace, as the target of a request."""
+class _Name(Handle):
+    """A function or class the program defines, by name: a handle that needs no request to make."""
 
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
+    __slots__ = ()
 
 
 class _TestsSide:
@@ -878,7 +890,7 @@ class _TestsSide:
         if t is Handle:
             return f"h{x._grpo_ref};"
         if t is _Name:
-            return f"n{len(x.name)}:{x.name}"
+            return f"n{len(x._grpo_ref)}:{x._grpo_ref}"
         return None
 
     def late(self, x: Any) -> str:
@@ -902,6 +914,7 @@ class Channel:
         self.dead: str | None = None  # why the program can no longer be called
         self.timed_out = False
         self.namespace: dict[str, Any] | None = None  # the tests' globals, where answers' enum classes are looked up
+        self.functions: set[str] = set()  # the program's functions and classes (by `ready`)
 
     def _receive(self, deadline: float | None = None) -> tuple[Any, ...]:
         """The next answer; callbacks the program makes while it works are served here first."""
@@ -965,9 +978,10 @@ class Channel:
     def ready(self) -> list[str]:
         """The names the program defines, or raise CandidateFailure if it did not load."""
         msg = self._receive()
-        if msg[0] != "ready" or len(msg) != 2 or type(msg[1]) is not list:
+        if msg[0] != "ready" or len(msg) != 3 or type(msg[1]) is not list or type(msg[2]) is not list:
             self.kill("load error: " + " ".join(str(m) for m in msg[1:])[:500])
             raise CandidateFailure(self.dead)
+        self.functions = {n for n in msg[2] if type(n) is str}
         return [n for n in msg[1] if type(n) is str]
 
     def request(self, op: str, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -988,7 +1002,9 @@ class Channel:
         return answer[1]
 
     def value(self, name: str) -> Any:
-        """A name the program defines: its value as data, or a handle."""
+        """A name the program defines: a function or class by name, else its value as data or a handle."""
+        if name in self.functions:
+            return _Name(name)
         return self.request("value", _Name(name), (), {})
 
     def run_case(self, text: str, seconds: float, max_bytes: int) -> tuple[str, str]:

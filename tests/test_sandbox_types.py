@@ -686,12 +686,8 @@ FORGED_WIRE = """
     import sys
     harness = sys.modules["__main__"]
     honest = harness.encode
-    answers = []
-    def crafted(value, depth=0):  # every answer to a call of f (the first answer binds the name f)
-        answers.append(value[0] == "v")
-        if value[0] == "v" and answers.count(True) > 1:
-            return "t3:s1:v" + {text!r} + "t0:"
-        return honest(value, depth)
+    def crafted(value, depth=0):  # every answer to a call of f
+        return "t3:s1:v" + {text!r} + "t0:" if value[0] == "v" else honest(value, depth)
     harness.encode = crafted
     def f(x):
         return 0
