@@ -9,17 +9,20 @@ for each program, three fds over its control socket (SCM_RIGHTS):
 For each program the server forks a child (`run_program`), which closes every other fd, lowers its rlimits, drops
 to an unprivileged uid when the server runs as root (and refuses to go on as root unless the host allowed it),
 becomes non-dumpable, reads the program, forks, and only then reads the tests. The grandchild runs the program
-and answers calls over its own pair of pipes; the child runs the tests in *its* process and calls the program
-through a proxy that returns freshly decoded builtin and standard-library values. So the program never holds the
-tests, the expected values, the nonce or the verdict fd, and nothing it does to its own process (sys.exit, atexit,
-SkipTest, an `__eq__` that is always True, a redefined `check`, a tampered frame) can change the count of passed
-tests, which only the child keeps.
+and answers requests over its own pair of pipes (the call protocol, below); the child runs the tests in *its*
+process, where the program's answers arrive as freshly decoded builtin and standard-library values or as handles.
+For stdin/stdout tests the grandchild is instead a launcher that forks a fresh copy of the program per case and
+hands back its stdout; it holds the inputs only. So the program never holds the tests, the expected values, the
+nonce or the verdict fd, and nothing it does to its own process (sys.exit, atexit, SkipTest, an `__eq__` that is
+always True, a redefined `check` or `set`, a tampered frame) can change the count of passed tests, which only the
+child keeps.
 
 Wire format: 4-byte big-endian length + a small tagged text encoding (`encode`/`decode`) that keeps builtin types
 apart (tuple vs list, sets, int keys, exact floats) and carries standard-library values (Counter, deque, Decimal,
 Fraction, datetime, namedtuples, enum members, ...) as their data, rebuilt as the library's own types on the other
-side; anything else (a program's own class or subclass) becomes an opaque value that equals nothing. It is parsed
-by hand, without `eval` or pickle, and without importing json/re (start-up time matters here).
+side; anything else becomes a reference of the call protocol (a handle to a program's object, a callback to a
+tests' callable), or, outside a call, an opaque value that equals nothing. It is parsed by hand, without `eval` or
+pickle, and without importing json/re (start-up time matters here).
 """
 
 # ruff: noqa: SIM105  (try/except/pass, not contextlib.suppress: importing contextlib costs ~1 ms per sandbox start)
@@ -71,7 +74,9 @@ def encode(x: object, depth: int = 0) -> str:
     items (list, tuple, set, frozenset, materialised iterator), d<n>: then n key/value pairs, r<a>;<b>;<c>; a range.
     Standard-library values (Counter, deque, Decimal, datetime, ..., namedtuples, enum members: see `_carry`) are
     x<key><data>: a key string, then a tuple of data from which the decoder rebuilds a value of that type.
-    Anything else is o<len>:<type name>, an opaque value.
+    A builtin type is y<len>:<name>. In a call, references: h<id>; a handle to an object of the program, k<id>; a
+    callable of the tests, n<len>:<name> a name of the program (see `_ProgramSide`, `_TestsSide`). Anything else is
+    o<len>:<type name>, an opaque value.
     """
     out: list[str] = []
     _encode(x, out, depth)

@@ -1,11 +1,13 @@
 """Code execution against unit tests, in the sandbox (rewards/sandbox.py).
 
-Two test styles, chosen per row from the dataset columns:
+Test styles, chosen per row from the dataset columns (docs/rewards.md has a table with a row of each):
   - HumanEval (Chen et al. 2021, github.com/openai/human-eval): `test` holds `def check(candidate): assert ...` and
     `entry_point` names the function; the program is `prompt + completion` (a continuation), or the completion's
     own code when it defines the entry point itself (chat models).
   - MBPP (Austin et al. 2021): `test_list` (or `test` as a list) holds assert statements, e.g.
-    `assert remove_Occ("hello","l") == "heo"`; optional `test_setup_code` runs first.
+    `assert remove_Occ("hello","l") == "heo"`; optional `test_setup_code` runs after the program, in its process.
+  - stdin/stdout and call-based tests of APPS/TACO, CodeContests, LiveCodeBench and open-r1, parsed by
+    rewards/code_formats.py: each stdin case runs the program afresh; call-based cases call its entry point.
 
 Scores are 1/0 (`mode="pass"`: every test passed) or the passed fraction (`mode="fraction"`); a HumanEval unit is one
 top-level statement of `check` that contains an assert, an MBPP unit one assert string. Rows without tests get None.
