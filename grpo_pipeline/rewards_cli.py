@@ -100,7 +100,7 @@ def score(
 def _build_rewards(config: Path | None, names: str | None, verbose: bool) -> list[RewardFn]:
     """The rewards of a recipe (with its params) or of a comma-separated list of names (default params)."""
     from grpo_pipeline.rewards import build_reward
-    from grpo_pipeline.rewards.registry import RewardError
+    from grpo_pipeline.rewards.registry import DEFAULT_TIMEOUT_S, RewardError
 
     if config is not None:
         try:
@@ -109,12 +109,12 @@ def _build_rewards(config: Path | None, names: str | None, verbose: bool) -> lis
             console.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2) from None
         setup(cfg, verbose=verbose)
-        specs = [(s.name, dict(s.params)) for s in cfg.grpo.rewards]
+        specs = [(s.name, dict(s.params), s.timeout_s) for s in cfg.grpo.rewards]
     else:
         setup(verbose=verbose)
-        specs = [(name.strip(), {}) for name in (names or "").split(",") if name.strip()]
+        specs = [(name.strip(), {}, DEFAULT_TIMEOUT_S) for name in (names or "").split(",") if name.strip()]
     try:
-        return [build_reward(name, params) for name, params in specs]
+        return [build_reward(name, params, timeout_s) for name, params, timeout_s in specs]
     except RewardError as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
