@@ -423,3 +423,20 @@ def test_a_limit_that_lets_two_runs_in_is_refused(tmp_path, prefect_api):
         client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=gate_limit_name("wide"), limit=2))
     with pytest.raises(ValueError, match="has 2 slot"), registry_lock(tmp_path, "wide"):
         pass
+
+
+@pytest.mark.integration
+def test_a_registration_task_in_a_flow_run_holds_the_slot(tmp_path, prefect_api):
+    from prefect import flow, task
+
+    @task
+    def gate() -> tuple[int, int]:
+        with registry_lock(tmp_path, "in-flow"):
+            return limit_state("in-flow")
+
+    @flow
+    def pipeline() -> tuple[int, int]:
+        return gate()
+
+    assert pipeline() == (1, 1)
+    assert limit_state("in-flow") == (1, 0)
