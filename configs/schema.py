@@ -438,6 +438,15 @@ class EvalConfig(_Section):
     correctness_reward: str = Field(
         default="correctness", description="The reward (name or dotted path) that decides if a completion is correct."
     )
+    max_unscored_fraction: float = Field(
+        default=0.02,
+        ge=0,
+        le=1,
+        description="Largest share of the evaluated completions (greedy and sampled) that the correctness reward may "
+        "leave unscored (None: a sandbox that could not start the program, a math-verify timeout, an unreachable "
+        "judge) after scoring them once more. Below it they are left out of accuracy, pass@k and maj@k and counted "
+        "as `unscored`; above it the evaluation stops with the first reason and nothing is registered.",
+    )
 
     @model_validator(mode="after")
     def _k_fits_n(self) -> EvalConfig:

@@ -1,6 +1,9 @@
-"""Pure evaluation math: unbiased pass@k and a paired bootstrap confidence interval."""
+"""Pure evaluation math: unbiased pass@k (also over the scored samples only), maj@k and bootstrap confidence
+intervals."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -17,6 +20,15 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def scored_pass_at_k(correct: Sequence[bool | None], k: int) -> float | None:
+    """pass@k for one problem over its scored samples only: with c correct among the n' samples that have a score
+    (None: the scorer could not judge it), pass_at_k(n', c, k) when n' >= k, else None (too few scored samples to
+    estimate pass@k for this problem). Unscored samples are left out rather than counted as wrong; the estimator
+    stays unbiased when scoring fails independently of correctness."""
+    scored = [bool(x) for x in correct if x is not None]
+    return pass_at_k(len(scored), sum(scored), k) if len(scored) >= k else None
 
 
 def mean_pass_at_k(correct_counts: list[int], n: int, k: int) -> float:
@@ -63,12 +75,14 @@ def bootstrap_ci(values: list[float], n_boot: int = 10_000, alpha: float = 0.05,
     return float(low), float(high)
 
 
-def majority_correct(keys: list[str | None], correct: list[bool], k: int) -> bool:
+def majority_correct(keys: list[str | None], correct: Sequence[bool | None], k: int) -> bool | None:
     """maj@k for one problem: the majority answer among the first `k` samples, and whether it is right.
 
     `keys[i]` is sample i's extracted final answer in a canonical form (None: no answer, no vote); ties go to the
-    answer seen first. The majority is right when its first sample was judged correct. Self-consistency voting,
-    Wang et al. 2023 ("Self-Consistency Improves Chain of Thought Reasoning"); maj@k as in Lewkowycz et al. 2022.
+    answer seen first. The majority is right when its first scored sample (`correct[i]` not None) was judged correct;
+    None when none of the samples that voted for it has a score. No answer at all is a wrong answer (False).
+    Self-consistency voting, Wang et al. 2023 ("Self-Consistency Improves Chain of Thought Reasoning"); maj@k as in
+    Lewkowycz et al. 2022.
     """
     if not 1 <= k <= len(keys):
         raise ValueError(f"need 1 <= k <= {len(keys)} samples, got k={k}")
@@ -81,4 +95,5 @@ def majority_correct(keys: list[str | None], correct: list[bool], k: int) -> boo
     if not votes:
         return False
     winner = max(votes, key=lambda key: (votes[key], -first[key]))
-    return bool(correct[first[winner]])
+    verdicts = [correct[i] for i in range(k) if keys[i] == winner and correct[i] is not None]
+    return bool(verdicts[0]) if verdicts else None
