@@ -1,9 +1,15 @@
 """`grpo-pipeline eval`: score any checkpoint or registered version on a recipe's eval split or a benchmark file,
-outside the pipeline, optionally against another model on the same items (paired bootstrap CI)."""
+outside the pipeline, optionally against another model on the same items (paired bootstrap CI).
+
+Each model's per-item scores go to their own directory under `<run dir>/eval/`, keyed by the model's identity, the
+eval data's fingerprint and the eval settings: a later evaluation of another model never writes over the items an
+earlier report points to, and `--compare` reads the items of the model it names."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -72,8 +78,30 @@ def eval_split(data: Path, fmt: str, limit: int | None, run_dir: Path) -> tuple[
     return held_out, settings, f"{data} ({found}, {len(rows)} rows)"
 
 
+def model_identity(model_path: str) -> str:
+    """What names one model's weights: a local directory by its resolved path and the names, sizes and modification
+    times of its files (rewritten weights are another model; reading them all to hash would take longer), anything
+    else (a hub name) by its name."""
+    path = Path(model_path)
+    if not path.is_dir():
+        return model_path
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    stats = [(str(f.relative_to(path)), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    return json.dumps([str(path.resolve()), stats])
+
+
+def items_dir(run_dir: Path, model_path: str, held_out: Ref, cfg: EvalConfig, seed: int) -> Path:
+    """Where a model's per-item scores go: `<run dir>/eval/<model name>-<key>`, the key a hash of the model's
+    identity, the eval data's fingerprint, the eval settings and the seed."""
+    key = {"model": model_identity(model_path), "data": held_out.fingerprint, "eval": cfg.model_dump(mode="json")}
+    digest = hashlib.sha256(json.dumps({**key, "seed": seed}, sort_keys=True).encode()).hexdigest()[:16]
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(model_path).name or model_path).strip("-.")[:48] or "model"
+    return run_dir.resolve() / "eval" / f"{name}-{digest}"
+
+
 def compare(ours: EvalResult, theirs: EvalResult, seed: int) -> dict[str, dict[str, float]]:
-    """For each metric with per-item scores: both means and the paired bootstrap CI of (ours - theirs)."""
+    """For each metric with per-item scores: both means and the paired bootstrap CI of (ours - theirs) over the items
+    both models have a score for (`n`; an item unscored for either is left out)."""
     from grpo_pipeline.tasks.gate import item_metric
     from grpo_pipeline.tasks.metrics import paired_bootstrap_ci
 
@@ -82,32 +110,40 @@ def compare(ours: EvalResult, theirs: EvalResult, seed: int) -> dict[str, dict[s
     for metric in ours.metrics():
         mine = item_metric(a, metric)
         other = item_metric(b, metric).reindex(mine.index)
-        if mine.isna().any() or other.isna().any():
+        both = mine.notna() & other.notna()
+        if not both.any():
             continue
+        mine, other = mine[both], other[both]
         delta, low, high = paired_bootstrap_ci(other.tolist(), mine.tolist(), seed=seed)
-        out[metric] = {"model": mine.mean(), "other": other.mean(), "delta": delta, "ci_low": low, "ci_high": high}
+        out[metric] = {
+            "model": mine.mean(), "other": other.mean(), "delta": delta, "ci_low": low, "ci_high": high,
+            "n": int(both.sum()),
+        }  # fmt: skip
     return out
 
 
 def _table(result: EvalResult, title: str) -> Table:
-    table = Table(title=title)
-    table.add_column("metric")
-    table.add_column("value", justify="right")
+    """Each metric, over how many items it was computed, and how many it could not score."""
+    caption = result.unscored_line() or f"every completion scored by {result.config.correctness_reward!r}"
+    table = Table(title=title, caption=escape(caption))
+    for col in ("metric", "value", "items scored", "unscored"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
     for name, value in result.metrics().items():
         shown = f"{value:.4f}"
         if name == "accuracy":
             shown += f"  [{result.accuracy_ci[0]:.4f}, {result.accuracy_ci[1]:.4f}]"
-        table.add_row(name, shown)
+        unscored = result.unscored.get(name, 0)
+        table.add_row(name, shown, f"{result.scored(name)}/{result.num_problems}", str(unscored))
     return table
 
 
 def _comparison_table(diff: dict[str, dict[str, float]], other: str) -> Table:
-    table = Table(title=f"against {other} (same items; paired bootstrap 95% CI)")
-    for col in ("metric", "this model", "other", "difference", "95% CI"):
+    table = Table(title=f"against {other} (same items, scored for both; paired bootstrap 95% CI)")
+    for col in ("metric", "this model", "other", "difference", "95% CI", "n"):
         table.add_column(col, justify="left" if col == "metric" else "right")
     for name, d in diff.items():
         ci = f"[{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]"
-        table.add_row(name, f"{d['model']:.4f}", f"{d['other']:.4f}", f"{d['delta']:+.4f}", ci)
+        table.add_row(name, f"{d['model']:.4f}", f"{d['other']:.4f}", f"{d['delta']:+.4f}", ci, str(d["n"]))
     return table
 
 
@@ -146,15 +182,23 @@ def eval_command(
     compare_with: CompareOpt = None,
     run_dir: RunDirOpt = Path("runs/eval"),
     seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
+    max_unscored: Annotated[
+        float | None,
+        typer.Option(
+            "--max-unscored-fraction",
+            help="Largest share of completions the correctness reward may leave unscored (eval.max_unscored_fraction).",
+        ),
+    ] = None,
 ) -> None:
     """Evaluate a checkpoint or registered version: greedy accuracy (95% CI), pass@k, maj@k."""
+    from grpo_pipeline.rewards.registry import RewardError
     from grpo_pipeline.tasks.data import DataError
     from grpo_pipeline.tasks.evaluate import evaluate_model
 
     setup()
     try:
         held_out, cfg, described = eval_split(data, fmt, limit, run_dir)
-        cfg = _with_options(cfg, n, k, max_new_tokens, limit if data.suffix in RECIPE_SUFFIXES else None)
+        cfg = _with_options(cfg, n, k, max_new_tokens, limit if data.suffix in RECIPE_SUFFIXES else None, max_unscored)
         models = {"model": resolve_model(model, run_dir)}
         if compare_with:
             models["other"] = resolve_model(compare_with, run_dir)
@@ -163,24 +207,36 @@ def eval_command(
     console.print(f"evaluating {model} on {described}")
     results = {}
     for role, path in models.items():
-        out = run_dir.resolve() / "eval" / f"{role}-{held_out.fingerprint[:12]}"
-        results[role] = evaluate_model(path, held_out, cfg, seed=seed, out=out, label=role)
+        out = items_dir(run_dir, path, held_out, cfg, seed)
+        try:
+            results[role] = evaluate_model(path, held_out, cfg, seed=seed, out=out, label=role)
+        except RewardError as e:  # a reward that cannot be built, or too many completions left unscored
+            raise _fail(str(e)) from None
     console.print(_table(results["model"], f"{model} on {described}"))
     scores = results["model"].model_dump(mode="json")
     report: dict[str, Any] = {**scores, "model": model, "model_path": scores["model"], "data": str(data)}
     if compare_with:
         diff = compare(results["model"], results["other"], seed)
         console.print(_comparison_table(diff, compare_with))
-        report["compare"] = {"model": compare_with, "metrics": diff}
+        other = results["other"]
+        report["compare"] = {
+            "model": compare_with, "model_path": other.model, "items_path": other.items_path,
+            "unscored": other.unscored, "unscored_completions": other.unscored_completions, "metrics": diff,
+        }  # fmt: skip
     if output:
         output.write_text(json.dumps(report, indent=2))
         console.print(f"report written to {output}")
 
 
 def _with_options(
-    cfg: EvalConfig, n: int | None, k: str | None, max_new_tokens: int | None, limit: int | None
+    cfg: EvalConfig,
+    n: int | None,
+    k: str | None,
+    max_new_tokens: int | None,
+    limit: int | None,
+    max_unscored: float | None = None,
 ) -> EvalConfig:
-    updates: dict[str, Any] = {}
+    updates: dict[str, Any] = {} if max_unscored is None else {"max_unscored_fraction": max_unscored}
     if n is not None:
         updates["n_samples"] = n
         # a generation batch holds at least one whole group of n samples
