@@ -58,15 +58,29 @@ class ScoreRow(BaseModel):
     model: str
     metrics: dict[str, float]
     accuracy_ci: tuple[float, float] | None = None
+    # Per metric, the items it could not score (left out of its mean), out of `num_problems`; and the line saying
+    # how many completions the correctness reward left unscored and why ("" when it scored them all).
+    unscored: dict[str, int] = {}
+    num_problems: int = 0
+    unscored_line: str = ""
 
     @classmethod
     def of(cls, model: str, result: EvalResult) -> ScoreRow:
-        return cls(model=model, metrics=result.metrics(), accuracy_ci=result.accuracy_ci)
+        return cls(
+            model=model,
+            metrics=result.metrics(),
+            accuracy_ci=result.accuracy_ci,
+            unscored=result.unscored,
+            num_problems=result.num_problems,
+            unscored_line=result.unscored_line(),
+        )
 
     def shown(self, column: str) -> str:
         text = f"{self.metrics[column]:.3f}" if column in self.metrics else "-"
         if column == "accuracy" and self.accuracy_ci is not None:
             text += f" [{self.accuracy_ci[0]:.3f}, {self.accuracy_ci[1]:.3f}]"
+        if self.unscored.get(column):  # the denominator, where it is not every item
+            text += f" (over {self.num_problems - self.unscored[column]} of {self.num_problems})"
         return text
 
 
@@ -120,7 +134,15 @@ class Summary(BaseModel):
 
     def score_table(self) -> list[dict[str, str | float | int]]:
         """One row per evaluated model with its scores and the eval settings (a Prefect table artifact)."""
-        return [{"model": row.model, **row.metrics, **self.eval_settings} for row in self.scores]
+        return [
+            {
+                "model": row.model,
+                **row.metrics,
+                **{f"unscored/{m}": u for m, u in row.unscored.items()},
+                **self.eval_settings,
+            }
+            for row in self.scores
+        ]
 
     def score_columns(self) -> list[str]:
         return list(self.scores[0].metrics) if self.scores else []
@@ -144,6 +166,13 @@ class Summary(BaseModel):
             "|---|" + "---:|" * len(cols),
         ]
         lines += [f"| {row.model} | " + " | ".join(row.shown(c) for c in cols) + " |" for row in self.scores]
+        unscored = [f"- {row.model}: {row.unscored_line}" for row in self.scores if row.unscored_line]
+        if unscored:
+            lines += [
+                "",
+                "Unscored completions (left out of the scores above, which say over how many items):",
+                *unscored,
+            ]
         if len(self.rounds) > 1:
             first = self.rounds[0]
             lines += [

@@ -32,10 +32,11 @@ def model_card(
         f"- eval set fingerprint `{result.eval_fingerprint[:12]}`, {result.num_problems} items",
         "",
         f"## Evaluation (n={result.n_samples}, temperature {result.temperature}, top_p {result.top_p}, "
-        f"max new tokens {result.max_new_tokens}, seed {result.seed})",
+        f"max new tokens {result.max_new_tokens}, seed {result.seed}; correct means "
+        f"`{result.config.correctness_reward}` gives 1.0, reward code `{result.scorer_version or '?'}`)",
         "",
-        "| metric | this model |" + (" before GRPO |" if baseline else ""),
-        "|---|---:|" + ("---:|" if baseline else ""),
+        "| metric | this model | items scored |" + (" before GRPO |" if baseline else ""),
+        "|---|---:|---:|" + ("---:|" if baseline else ""),
     ]
     before = baseline.metrics() if baseline else {}
     for name, value in result.metrics().items():
@@ -43,8 +44,14 @@ def model_card(
         if name == "accuracy":
             shown += f" [{result.accuracy_ci[0]:.3f}, {result.accuracy_ci[1]:.3f}]"
         lines.append(
-            f"| {name} | {shown} |" + (f" {before[name]:.3f} |" if name in before else (" - |" if baseline else ""))
+            f"| {name} | {shown} | {result.scored(name)}/{result.num_problems} |"
+            + (f" {before[name]:.3f} |" if name in before else (" - |" if baseline else ""))
         )
+    lines += [
+        "",
+        result.unscored_line()
+        or f"Every completion was scored by the correctness reward `{result.config.correctness_reward}`.",
+    ]
     lines += [
         "",
         "## Promotion gate",

@@ -1,0 +1,71 @@
+"""The run summary and the model card say over how many items each score was computed and why completions were
+left unscored."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from grpo_pipeline.configs.schema import EvalConfig, PipelineConfig, RegistryConfig
+from grpo_pipeline.flows.summary import Summary
+from grpo_pipeline.tasks.card import model_card
+from grpo_pipeline.tasks.common import Checkpoint, Ref
+from grpo_pipeline.tasks.evaluate import ITEMS_FILE, EvalResult, item_id, summarize
+from grpo_pipeline.tasks.gate import GateDecision
+
+EVAL = EvalConfig(n_samples=2, k=[1, 2])
+REASON = "sandbox error: could not start the program"
+
+
+def result(tmp_path: Path, name: str, greedy: list[int | None]) -> EvalResult:
+    items = []
+    for i, ok in enumerate(greedy):
+        samples = [ok, ok]
+        items.append(
+            {
+                "id": item_id(f"{i}+{i}="),
+                "prompt": f"{i}+{i}=",
+                "answer": str(2 * i),
+                "greedy": "x",
+                "greedy_correct": ok,
+                "samples": ["x", "x"],
+                "sample_correct": samples,
+                "correct_count": int(ok or 0) * 2,
+                "scored_count": 0 if ok is None else 2,
+                "pass_at_k": {"1": None if ok is None else float(ok), "2": None if ok is None else float(ok)},
+                "maj_at_k": {"1": ok, "2": ok},
+                "sample_rewards": {},
+                "reward_means": {},
+                "unscored_reason": REASON if ok is None else None,
+            }
+        )
+    path = tmp_path / name / ITEMS_FILE
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps(it) + "\n" for it in items))
+    return summarize(items, EVAL, name, 0, Ref(path="eval.parquet", fingerprint="f" * 64), path)
+
+
+def test_the_summary_shows_denominators_and_the_reason(tmp_path):
+    baseline = result(tmp_path, "sft", [1, 0, 0, 1])
+    round1 = result(tmp_path, "r1", [1, None, 1, 1])
+    assert round1.accuracy == 1.0 and round1.unscored["accuracy"] == 1
+    summary = Summary.build(PipelineConfig(), [], baseline, [(round1, None)])
+    text = summary.to_markdown()
+    assert "1.000 [1.000, 1.000] (over 3 of 4)" in text
+    assert "- grpo round 1: unscored: 3 of 12 completions" in text and REASON in text
+    assert "sft: unscored" not in text
+    table = summary.score_table()
+    assert table[1]["unscored/accuracy"] == 1 and table[0]["unscored/accuracy"] == 0
+
+
+def test_the_model_card_shows_items_scored_and_the_reason(tmp_path):
+    scores = result(tmp_path, "r1", [1, None, 0, 1])
+    gate = GateDecision(metric="accuracy", promote=True, reason="first version", challenger=0.5, n=3, min_delta=0)
+    policy = Checkpoint(path=str(tmp_path), fingerprint="c" * 64, stage="grpo-round1")
+    card = model_card(RegistryConfig(), policy, scores, None, gate, {}, "name: x\n", "1+1=")
+    assert "| accuracy | 0.667" in card and "| 3/4 |" in card
+    assert "unscored: 3 of 12 completions" in card and REASON in card
+    assert f"`{scores.scorer_version}`" in card
+    clean = result(tmp_path, "r2", [1, 0, 0, 1])
+    card = model_card(RegistryConfig(), policy, clean, None, gate, {}, "name: x\n", "1+1=")
+    assert "Every completion was scored by the correctness reward `correctness`" in card and "| 4/4 |" in card
