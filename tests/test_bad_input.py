@@ -131,13 +131,10 @@ CONFIG_CASES = {
 def test_bad_config_fails_before_prefect_starts(case: str, tmp_path: Path) -> None:
     (tmp_path / "a-file").write_text("not a directory")
     overrides, recipe, expect = CONFIG_CASES[case](tmp_path)
-    start = time.perf_counter()
     code, out = run(tmp_path, *overrides, recipe=recipe)
-    seconds = time.perf_counter() - start
     assert code == 2, out[-3000:]
     assert_rejected(code, out, tmp_path, *expect)
     assert "Prefect server" not in out and "Starting temporary server" not in out, out  # nothing was started
-    assert seconds < 60, f"took {seconds:.0f} s"  # a few seconds on an idle machine; generous for a busy one
 
 
 @pytest.fixture

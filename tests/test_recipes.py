@@ -9,7 +9,6 @@ import json
 import logging
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -195,12 +194,9 @@ def test_server_address_is_not_part_of_the_grpo_key():
 def test_run_without_the_hub_stops_at_once_naming_the_fix(tmp_path, env, why):
     # An empty Hugging Face cache, so a copy cached on this machine cannot make the run go ahead.
     env = {k: v for k, v in cli_env(tmp_path, HF_HOME=str(tmp_path / "hf-home")).items() if "OFFLINE" not in k} | env
-    start = time.monotonic()
     result = run_cli(["run", "--config", str(GSM8K), f"run_dir={tmp_path / 'runs'}"], env, timeout=120)
-    seconds = time.monotonic() - start
     out = result.stdout + result.stderr
     assert result.returncode != 0, out
-    assert seconds < 30, f"took {seconds:.0f} s"
     assert "Starting temporary server" not in out  # stopped before Prefect
     model_line = next(line for line in out.splitlines() if "model.base 'Qwen/Qwen2.5-0.5B-Instruct'" in line)
     data_line = next(line for line in out.splitlines() if "data.hf_name 'openai/gsm8k'" in line)

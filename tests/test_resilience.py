@@ -226,10 +226,10 @@ def test_two_runs_at_once_share_a_run_dir_and_prefect_home(tmp_path):
 
 def test_an_unreachable_server_is_reported_at_once_and_retried():
     url = f"http://{HOST}:{free_port()}"  # nothing listens there
-    start = time.monotonic()
     with pytest.raises(TrackingUnavailable, match=f"MLflow at {url} is unreachable") as e:
         require_reachable(url)
-    assert time.monotonic() - start < 5
+    # at once: the one health probe's own refusal, not the error of MLflow's client after its retries
+    assert isinstance(e.value.__cause__, requests.ConnectionError), e.value.__cause__
     assert unreachable(e.value)
     require_reachable("sqlite:///nowhere.db")  # a local store is not probed
     # MLflow's own error once its client has given up: a connection error under an MlflowException

@@ -92,10 +92,11 @@ def test_judge_scores_through_the_endpoint(server: str, monkeypatch: pytest.Monk
 @pytest.mark.integration
 def test_judge_retries_then_times_out_to_none(server: str) -> None:
     fn = build_reward("judge", {"base_url": server, "model": "m", "retries": 1, "timeout_s": 0.5, "api_key_env": None})
-    start = time.monotonic()
     assert fn(prompts=["q", "q"], completions=["flaky", "slow"]) == [0.8, None]
-    assert time.monotonic() - start < 5
-    assert sum("flaky" in c["body"]["messages"][1]["content"] for c in FakeJudge.calls) == 2  # one retry
+    sent = [c["body"]["messages"][1]["content"] for c in FakeJudge.calls]
+    assert sum("flaky" in c for c in sent) == 2  # one retry after the 503
+    # the slow reply (1.5 s) never arrived within timeout_s: both attempts were cut off, so the score is None
+    assert sum("slow" in c for c in sent) == 2
 
 
 def test_judge_unreachable_is_none() -> None:

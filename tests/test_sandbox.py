@@ -99,11 +99,8 @@ def canary(tmp_path: Path) -> Path:
 
 def run_program(sandbox: Sandbox, program: str, test: str = TEST) -> RunResult:
     job = humaneval_job(PROMPT, "", test, "f")
-    start = time.monotonic()
-    result = sandbox.run([CodeJob(program=textwrap.dedent(program), spec=job.spec)])[0]
-    elapsed = time.monotonic() - start
-    assert elapsed < TIMEOUT_S + 2, f"took {elapsed:.1f}s"
-    return result
+    # no wall-clock bound here: a program past TIMEOUT_S must end as "timeout", which the tests check by status
+    return sandbox.run([CodeJob(program=textwrap.dedent(program), spec=job.spec)])[0]
 
 
 def assert_host_unharmed(canary: Path) -> None:
