@@ -10,6 +10,7 @@ plus any `extra_columns` the rewards need. With `prompt_format: chat` the prompt
 
 from __future__ import annotations
 
+import json
 import operator
 import random
 import re
@@ -21,7 +22,6 @@ import pandas as pd
 from pydantic import BaseModel
 
 from grpo_pipeline.configs.schema import DataConfig, SyntheticTaskConfig
-from grpo_pipeline.rewards.code_formats import TEST_FORMAT_COLUMNS, json_text
 from grpo_pipeline.tasks import chat
 from grpo_pipeline.tasks.common import Ref, atomic_dir, fingerprint_path, logger
 from grpo_pipeline.tasks.stage import stage
@@ -257,11 +257,26 @@ def map_columns(raw: pd.DataFrame, cfg: DataConfig, origin: str) -> pd.DataFrame
         else out["answer"]
     )
     for c in cfg.extra_columns:
-        # Test columns of code datasets (APPS `input_output`, CodeContests `public_tests`, ...) are kept as the JSON
-        # text they are published as: decoded, their rows mix shapes (lists of strings, of lists) that one Parquet
-        # column cannot hold, and the code_tests reward reads either form.
-        out[c] = raw[c].map(json_text) if c in TEST_FORMAT_COLUMNS else raw[c]
+        out[c] = _as_json_if_nested(raw[c])
     return out.reset_index(drop=True)
+
+
+def _as_json_if_nested(column: pd.Series) -> pd.Series:
+    """A column holding mappings or lists of containers, as JSON text (missing values and strings unchanged).
+
+    Test columns of code datasets (APPS `input_output`, CodeContests `public_tests`, open-r1 `verification_info`)
+    are such columns: decoded, their rows mix shapes (lists of strings, of lists) that one Parquet column cannot
+    hold; as JSON they are the text these datasets publish, which the code_tests reward reads as well.
+    """
+    values = [None if _missing(v) or isinstance(v, str) else chat.plain(v) for v in column]
+    nested = any(
+        isinstance(v, dict) or (isinstance(v, list) and any(isinstance(x, dict | list) for x in v)) for v in values
+    )
+    if not nested:
+        return column
+    return pd.Series(
+        [v if p is None else json.dumps(p) for v, p in zip(column, values, strict=True)], index=column.index
+    )
 
 
 def _missing(v) -> bool:
