@@ -11,7 +11,7 @@ strictly between the configured bounds as the round's training split.
 
 The stage is keyed by the policy's fingerprint and the training data (tasks/stage.py), so it reruns exactly when the
 round's starting policy or the data change. Sampling and scoring reuse evaluation's batched `generate` and
-`score_completions`, so "correct" means the same here as in training and evaluation.
+`judge`, so "correct" means the same here as in training and evaluation.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, computed_field
 from grpo_pipeline.configs.schema import DifficultyFilterConfig, PipelineConfig
 from grpo_pipeline.rewards import build_reward
 from grpo_pipeline.tasks.common import Checkpoint, Ref, atomic_dir, fingerprint_path, logger
-from grpo_pipeline.tasks.evaluate import generate, score_completions
+from grpo_pipeline.tasks.evaluate import generate, judge
 from grpo_pipeline.tasks.stage import RunContext, stage, user_code
 from grpo_pipeline.tasks.tracking import mlflow_run
 from grpo_pipeline.tasks.training import load_tokenizer
@@ -107,8 +107,11 @@ def filters_round(cfg: DifficultyFilterConfig, round_index: int) -> bool:
     return cfg.enabled and (round_index >= 2 or cfg.before_first_round)
 
 
-def pass_rates(policy: Checkpoint, rows: pd.DataFrame, n: int, rollouts: Rollouts, seed: int, label: str) -> list[int]:
-    """The number of correct completions out of `n` samples from `policy` for each row."""
+def pass_rates(
+    policy: Checkpoint, rows: pd.DataFrame, n: int, rollouts: Rollouts, seed: int, label: str
+) -> list[tuple[int, int]]:
+    """For each row, (correct, scored) over `n` samples from `policy`: a completion the correctness reward could not
+    score (None) is left out rather than counted wrong."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -128,8 +131,8 @@ def pass_rates(policy: Checkpoint, rows: pd.DataFrame, n: int, rollouts: Rollout
         top_p=rollouts.top_p,
         desc=f"difficulty {label}",
     )
-    correct = score_completions(build_reward(rollouts.correctness_reward), rows, sampled)
-    return [sum(group) for group in correct]
+    judged, _ = judge(build_reward(rollouts.correctness_reward), rows, sampled)
+    return [(sum(ok is True for ok in group), sum(ok is not None for ok in group)) for group in judged]
 
 
 def _correctness_code(params: Mapping[str, Any]) -> dict[str, str]:
@@ -159,10 +162,14 @@ def filter_by_difficulty(
         rows = rows.sample(n=cfg.max_prompts, random_state=ctx.seed).sort_index()
     rows = rows.reset_index(drop=True)
     n = cfg.samples_per_prompt
-    correct = pass_rates(policy, rows, n, rollouts, ctx.seed, label)
-    rates = [c / n for c in correct]
-    keep = keep_mask(rates, cfg.min_pass_rate, cfg.max_pass_rate)
-    kept, scored = sum(keep), len(rows)
+    counts = pass_rates(policy, rows, n, rollouts, ctx.seed, label)
+    unscored = sum(s == 0 for _, s in counts)
+    if unscored:  # no pass rate to judge them by: left out, and said so
+        logger.warning("difficulty filter %s: %d prompts had no scored sample; left out", label, unscored)
+    within = keep_mask([c / s if s else 0.0 for c, s in counts], cfg.min_pass_rate, cfg.max_pass_rate)
+    keep = [bool(s) and k for (_, s), k in zip(counts, within, strict=True)]
+    rates = [c / s for c, s in counts if s]
+    kept, scored = sum(keep), len(rates)
     too_hard = sum(r <= cfg.min_pass_rate for r in rates)
     too_easy = sum(r >= cfg.max_pass_rate for r in rates)
     if kept < min_kept:
@@ -171,8 +178,8 @@ def filter_by_difficulty(
     with atomic_dir(out) as tmp:
         rows[keep].reset_index(drop=True).to_parquet(tmp / TRAIN_FILE, index=False)
         with open(tmp / PASS_RATES_FILE, "w") as f:
-            for prompt, c, k in zip(rows["prompt"], correct, keep, strict=True):
-                f.write(json.dumps({"prompt": prompt, "correct": c, "samples": n, "kept": k}) + "\n")
+            for prompt, (c, s), k in zip(rows["prompt"], counts, keep, strict=True):
+                f.write(json.dumps({"prompt": prompt, "correct": c, "scored": s, "samples": n, "kept": k}) + "\n")
     result = DifficultyResult(
         label=label,
         train=Ref(path=str(out / TRAIN_FILE), fingerprint=fingerprint_path(out / TRAIN_FILE)),
@@ -181,7 +188,7 @@ def filter_by_difficulty(
         kept=kept,
         too_hard=too_hard,
         too_easy=too_easy,
-        mean_pass_rate=sum(rates) / scored,
+        mean_pass_rate=sum(rates) / max(scored, 1),
         samples_per_prompt=n,
         min_pass_rate=cfg.min_pass_rate,
         max_pass_rate=cfg.max_pass_rate,

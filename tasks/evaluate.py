@@ -317,13 +317,6 @@ def reward_scores(
     return [scores[i * n : (i + 1) * n] for i in range(len(rows))]
 
 
-def score_completions(reward, rows: pd.DataFrame, completions: list[list[str]]) -> list[list[bool]]:
-    """Correct (reward >= 1.0) or not for every completion of every row, in one reward call; an unscored one counts
-    as not correct. For callers that need a yes or no (the training probe, the difficulty filter); evaluation keeps
-    unscored completions apart (`judge`)."""
-    return [[s is not None and s >= 1.0 for s in group] for group in reward_scores(reward, rows, completions)]
-
-
 def judge(
     reward, rows: pd.DataFrame, completions: list[list[str]], ids: list[list[list[int]]] | None = None
 ) -> tuple[list[list[bool | None]], list[list[str | None]]]:

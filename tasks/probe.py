@@ -11,7 +11,7 @@ from transformers import TrainerCallback
 
 from grpo_pipeline.rewards import build_reward
 from grpo_pipeline.tasks.curves import PROBE_METRIC
-from grpo_pipeline.tasks.evaluate import generate, score_completions
+from grpo_pipeline.tasks.evaluate import generate, judge
 
 
 def greedy_accuracy(model, tokenizer, rows: pd.DataFrame, reward, max_new_tokens: int) -> float:
@@ -24,8 +24,9 @@ def greedy_accuracy(model, tokenizer, rows: pd.DataFrame, reward, max_new_tokens
     finally:
         model.train(was_training)
         tokenizer.padding_side = side
-    correct = score_completions(reward, rows, texts)
-    return sum(ok[0] for ok in correct) / len(rows)
+    judged, _ = judge(reward, rows, texts)
+    scored = [group[0] for group in judged if group[0] is not None]  # an unscored completion is left out
+    return sum(scored) / len(scored) if scored else float("nan")
 
 
 class HeldOutAccuracyProbe(TrainerCallback):

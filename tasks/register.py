@@ -252,6 +252,7 @@ def _log_policy_run(
 
     with mlflow.start_run(run_id=policy.run_id):
         mlflow.log_metrics(result.metrics("eval/"))
+        mlflow.log_metrics({f"eval/unscored/{metric}": n for metric, n in result.unscored.items()})
         mlflow.log_metrics(
             {"eval/accuracy_ci_low": result.accuracy_ci[0], "eval/accuracy_ci_high": result.accuracy_ci[1]}
         )
@@ -298,7 +299,8 @@ def completions_table(items: pd.DataFrame, max_items: int = 25) -> dict[str, lis
             table["item"].append(item["id"])
             table["prompt"].append(str(item["prompt"]))
             table["completion"].append(completion)
-            table["correct"].append(bool(item["sample_correct"][j]))
+            ok = item["sample_correct"][j]
+            table["correct"].append(None if ok is None else bool(ok))  # None: unscored
             for name in names:
                 table[f"reward/{name}"].append(item["sample_rewards"][name][j])
     return table

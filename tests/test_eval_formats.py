@@ -25,7 +25,7 @@ from grpo_pipeline.tasks.eval_formats import (
     load_eval_rows,
     mbpp_prompt,
 )
-from grpo_pipeline.tasks.evaluate import score_completions
+from grpo_pipeline.tasks.evaluate import judge
 from grpo_pipeline.tasks.metrics import mean_pass_at_k
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -127,14 +127,14 @@ def test_gsm8k_gold_scores_one_and_gold_plus_one_zero(gsm8k: pd.DataFrame) -> No
     # both answer styles, on alternate rows: a sentence, and GSM8K's own '#### N' (both go through math-verify)
     styles = ["The answer is {}.", "#### {}"]
     completions = [[styles[i % 2].format(a), styles[i % 2].format(int(a) + 1)] for i, a in enumerate(gsm8k["answer"])]
-    correct = score_completions(build_reward("correctness"), gsm8k, completions)
+    correct = judge(build_reward("correctness"), gsm8k, completions)[0]
     assert correct == [[True, False]] * 1319
     assert accuracy(correct) == 1.0 and accuracy([c[1:] for c in correct]) == 0.0
 
 
 def test_gsm8k_accuracy_when_exactly_the_even_rows_are_right(gsm8k: pd.DataFrame) -> None:
     completions = [[f"The answer is {int(a) + i % 2}."] for i, a in enumerate(gsm8k["answer"])]
-    correct = score_completions(build_reward("correctness"), gsm8k, completions)
+    correct = judge(build_reward("correctness"), gsm8k, completions)[0]
     assert [c[0] for c in correct] == [i % 2 == 0 for i in range(1319)]
     assert accuracy(correct) == 660 / 1319  # rows 0, 2, ..., 1318
 
@@ -160,7 +160,7 @@ def test_pass_at_k_equals_brute_force_over_scored_samples(gsm8k: pd.DataFrame) -
         [f"The answer is {int(a) + (j not in right)}." for j in range(N)]
         for a, right in zip(rows["answer"], right_at, strict=True)
     ]
-    correct = score_completions(build_reward("correctness"), rows, completions)
+    correct = judge(build_reward("correctness"), rows, completions)[0]
     assert correct == [[j in right for j in range(N)] for right in right_at]
     counts = [sum(c) for c in correct]
     assert counts == COUNTS
@@ -204,7 +204,7 @@ def test_boxed_answers_are_the_last_box_or_the_answer_column() -> None:
 def test_boxed_gold_scores_one_and_wrong_zero() -> None:
     rows, fmt = load_eval_rows(pd.DataFrame(MATH_ROWS))
     completions = [[right, wrong] for right, wrong in zip(MATH_RIGHT, MATH_WRONG, strict=True)]
-    correct = score_completions(build_reward(correctness_reward_for(fmt)), rows, completions)
+    correct = judge(build_reward(correctness_reward_for(fmt)), rows, completions)[0]
     assert correct == [[True, False]] * len(MATH_ROWS)
 
 
@@ -225,7 +225,7 @@ def test_humaneval_canonical_passes_and_unimplemented_fails(humaneval: pd.DataFr
     # a generous wall clock: this checks verdicts, not speed, and the suite loads the cores with other tests
     reward = build_reward(correctness_reward_for("humaneval"), {"timeout_s": 30})
     completions = [[solution, "    raise NotImplementedError\n"] for solution in humaneval["answer"]]
-    correct = score_completions(reward, humaneval, completions)
+    correct = judge(reward, humaneval, completions)[0]
     failed = [i for i, (canonical, _) in zip(humaneval["id"], correct, strict=True) if not canonical]
     passed = [i for i, (_, broken) in zip(humaneval["id"], correct, strict=True) if broken]
     assert failed == [] and passed == []
@@ -347,7 +347,7 @@ def test_mbpp_canonical_scores_one_and_broken_zero(code_sandbox: None) -> None:
     rows, fmt = load_eval_rows(pd.DataFrame(MBPP_ROWS))
     reward = build_reward(correctness_reward_for(fmt), {"timeout_s": 5})
     completions = [[code, broken] for code, broken in zip(rows["answer"], MBPP_BROKEN, strict=True)]
-    assert score_completions(reward, rows, completions) == [[True, False]] * len(MBPP_ROWS)
+    assert judge(reward, rows, completions)[0] == [[True, False]] * len(MBPP_ROWS)
 
 
 # ----------------------------------------------------------------------------- errors
