@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -201,4 +202,10 @@ def show_config(
 
 
 if __name__ == "__main__":
+    # `python -m grpo_pipeline.cli` puts the working directory first on sys.path; from a checkout that would make
+    # its design folders (rewards/, tasks/, ...) importable under their bare names, ahead of a user's own modules.
+    from grpo_pipeline.runtime import source_roots
+
+    roots = source_roots()
+    sys.path[:] = [e for e in sys.path if Path(e or os.getcwd()).resolve() not in roots]
     app()

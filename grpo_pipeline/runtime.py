@@ -42,14 +42,15 @@ def setup(config: PipelineConfig | None = None, *, verbose: bool = False, refres
       live under PREFECT_HOME, so caching works across runs of the same project.
     - `refresh`: every stage reruns (Prefect ignores cached results but still writes new ones).
     - Logging for the pipeline's own logger, libraries' chatter turned down.
-    - Import paths: the working directory and the recipe's directory (`config.code_dir`), so a user's reward
-      module beside the recipe imports by its dotted path without PYTHONPATH.
+    - Import paths: the recipe's directory (`config.code_dir`), then the working directory, so a user's reward
+      module beside the recipe imports by its dotted path without PYTHONPATH. The project's own source root is never
+      one of them (see `add_import_paths`).
     """
     apply_env_defaults()
     if refresh:
         os.environ["PREFECT_TASKS_REFRESH_CACHE"] = "true"
     configure_logging(verbose)
-    add_import_paths(Path.cwd(), config.code_dir if config is not None else None)
+    add_import_paths(config.code_dir if config is not None else None, Path.cwd())
 
 
 def apply_env_defaults() -> None:
@@ -73,8 +74,32 @@ def configure_logging(verbose: bool = False) -> None:
 
 
 def add_import_paths(*dirs: str | Path | None) -> None:
-    """Put `dirs` at the front of sys.path, as Python does for a script's own directory, each once."""
-    for d in reversed([str(Path(d).resolve()) for d in dirs if d]):
+    """Put `dirs` at the front of sys.path, in the order given, as Python does for a script's own directory, each once.
+
+    The project's source root (a checkout, whose configs/, flows/, tasks/ and rewards/ folders are installed as
+    `grpo_pipeline.configs`, ...) is skipped, and moved to the end where it is on sys.path already (`python -m` or a
+    Prefect worker started there, pytest's rootdir): on the path its folders import under their bare names too, and
+    a user's own `rewards.py` or `tasks.py` beside the recipe would then lose to them."""
+    roots = source_roots()
+    wanted = [str(Path(d).resolve()) for d in dirs if d]
+    for d in reversed([d for d in dict.fromkeys(wanted) if Path(d) not in roots]):
         if d in sys.path:
             sys.path.remove(d)
         sys.path.insert(0, d)
+    cwd = Path.cwd()
+    for entry in [e for e in sys.path if Path(e or cwd).resolve() in roots]:
+        sys.path.remove(entry)
+        sys.path.append(entry)
+
+
+def source_roots() -> set[Path]:
+    """The directories that hold the design folders mapped into `grpo_pipeline` (the checkout of an editable
+    install; for a regular install, the installed package's own directory, which is never on sys.path)."""
+    from importlib.util import find_spec
+
+    roots = set()
+    for name in ("configs", "flows", "tasks", "rewards"):
+        spec = find_spec(f"grpo_pipeline.{name}")  # the subpackage's location, without importing it
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            roots.add(Path(location).resolve().parent)
+    return roots
