@@ -5,10 +5,9 @@ BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 CONFIG ?= configs/tiny-arith.yaml
 PYTEST_ARGS ?=
-# PYTEST_WORKERS=auto runs the test files in parallel, one pytest-xdist worker per core, each file whole on one
-# worker (17.7 min instead of ~25 on 2 cores). Not the default yet: under that load the code sandbox sometimes fails
-# to start a program (infra_error), which fails the HumanEval verdict test.
-PYTEST_WORKERS ?= 1
+# The tests run in parallel, one pytest-xdist worker per core, each file whole on one worker (its module and session
+# fixtures are built once), the slowest files first (tests/conftest.py). PYTEST_WORKERS=1 runs them in one process.
+PYTEST_WORKERS ?= auto
 
 .PHONY: run test test-fast lint install serve stop status clean
 
@@ -49,7 +48,7 @@ status: install
 
 # Everything CI runs: lint first, then every test tier.
 test: install lint
-	$(BIN)/python -m pytest -q $(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 # Unit tests only: no server, no sandbox, no pipeline run (well under a minute).
 test-fast: install

@@ -6,6 +6,7 @@ import atexit
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,29 @@ if "PREFECT_HOME" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], True)
 setup()
 
+# The files that take longest, heaviest first, in seconds on 2 busy cores (pytest --durations, Nov 2026). `make test`
+# runs them first, each file whole on one pytest-xdist worker (--dist loadfile --no-loadscope-reorder), so the two
+# workers finish together instead of one starting the stack tests while the other has nothing left; the other files
+# follow in their usual order. A stale number costs balance, never a result.
+SLOWEST_FIRST = {
+    "test_pipeline_integration.py": 280,
+    "test_stack_integration.py": 280,
+    "test_resume.py": 160,
+    "test_resilience.py": 145,
+    "test_difficulty.py": 135,
+    "test_bad_input.py": 115,
+    "test_register.py": 75,
+    "test_health.py": 75,
+    "test_chat.py": 65,
+    "test_user_code.py": 65,
+    "test_gate_evidence.py": 50,
+    "test_tiny_code.py": 48,
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: -SLOWEST_FIRST.get(item.path.name, 0))  # stable: a file's own order is kept
+
 
 @pytest.fixture(scope="session")
 def code_sandbox() -> None:
@@ -32,6 +56,28 @@ def code_sandbox() -> None:
         Sandbox().close()
     except SandboxUnavailable as e:
         pytest.skip(f"the code sandbox cannot run programs here: {e}")
+
+
+@dataclass(frozen=True)
+class MicroRun:
+    """A cold `grpo-pipeline run` of the micro config (tests/helpers.py) and what it left."""
+
+    store: Path  # PREFECT_HOME in store/prefect-home, run dir and MLflow SQLite store in store/runs
+    summary: dict  # its --summary-json
+    grpo_checkpoint: Path  # round 1's policy, the version it registered (v1 of helpers.MICRO_MODEL)
+
+
+@pytest.fixture(scope="session")
+def micro_run(tmp_path_factory: pytest.TempPathFactory) -> MicroRun:
+    """One cold micro run per test session (per pytest-xdist worker), shared by the tests that inspect it instead of
+    each paying for its own. Tests that run the pipeline again on its store (tests/test_pipeline_integration.py's
+    reruns) change only what later runs add: more versions, flow runs and round-1 checkpoints, never this run's."""
+    from tests.helpers import finished, run_pipeline
+
+    store = tmp_path_factory.mktemp("micro-run")
+    summary = finished(*run_pipeline(store, "cold"))
+    (checkpoint,) = (store / "runs" / "grpo-round1").iterdir()
+    return MicroRun(store, summary, checkpoint)
 
 
 @pytest.fixture

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+MICRO_MODEL = "micro-arith"  # the registered model of `run_pipeline`'s runs
 
 
 def micro_overrides(run_dir: Path) -> list[str]:
@@ -54,3 +56,26 @@ def run_cli(args: list[str], env: dict[str, str], timeout: int = 600) -> subproc
         text=True,
         timeout=timeout,
     )
+
+
+def run_pipeline(store: Path, name: str, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """`grpo-pipeline run` of the micro config on `store` (its PREFECT_HOME, run dir and MLflow SQLite store);
+    returns the process and where its summary is written (`<store>/<name>.json`). Later `extra` values win."""
+    summary = store / f"{name}.json"
+    args = [
+        "run",
+        "--config",
+        "configs/tiny-arith.yaml",
+        "--summary-json",
+        str(summary),
+        *micro_overrides(store / "runs"),
+        f"registry.model_name={MICRO_MODEL}",
+        *extra,
+    ]
+    return run_cli(args, cli_env(store)), summary
+
+
+def finished(proc: subprocess.CompletedProcess, summary: Path) -> dict:
+    """The summary of a pipeline run that must have succeeded."""
+    assert proc.returncode == 0, f"pipeline failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return json.loads(summary.read_text())

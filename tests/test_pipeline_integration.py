@@ -1,8 +1,10 @@
 """The whole flow on a micro config, run through the CLI in fresh processes as users run it.
 
-One module-scoped store (Prefect home, run dir, MLflow SQLite) starts with a cold run (the `cold` fixture); the
-tests after it rerun on that store: a fully cached rerun, a changed `grpo.*` value that must rerun only the GRPO
-side, `--refresh`. Each test asserts only what its own run changed, so each also runs alone (`-k name`).
+The session's cold run (conftest's `micro_run`) is inspected as it is; the `reruns` fixture then runs the pipeline
+on its store again, always in the same order (an unchanged rerun, a changed `grpo.*` value that must rerun only the
+GRPO side, `--refresh` with yet another value, two rounds of another model, a cached checkpoint changed on disk),
+and records what each run saw and left, so each test reads an explicit state whichever tests ran before it, and
+each also runs alone (`-k name`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
@@ -21,40 +24,13 @@ from mlflow import MlflowClient
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_pipeline.tasks.evaluate import generate
-from tests.helpers import ROOT, cli_env, micro_overrides, run_cli
+from tests.conftest import MicroRun
+from tests.helpers import MICRO_MODEL, ROOT, cli_env, finished, micro_overrides, run_cli, run_pipeline
 
 pytestmark = pytest.mark.integration
 
 GRPO_SIDE = {"grpo_train-r1", "evaluate-r1", "register-r1"}
-MODEL_NAME = "micro-arith"
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("pipeline")
-
-
-@pytest.fixture(scope="module")
-def cold(store: Path) -> dict:
-    """The summary of the store's first (cold) run."""
-    return run_pipeline(store, "cold")
-
-
-def run_pipeline(store: Path, name: str, *extra: str) -> dict:
-    summary = store / f"{name}.json"
-    args = [
-        "run",
-        "--config",
-        "configs/tiny-arith.yaml",
-        "--summary-json",
-        str(summary),
-        *micro_overrides(store / "runs"),
-        f"registry.model_name={MODEL_NAME}",
-        *extra,
-    ]
-    proc = run_cli(args, cli_env(store))
-    assert proc.returncode == 0, f"pipeline failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    return json.loads(summary.read_text())
+MODEL_NAME = MICRO_MODEL
 
 
 def client_for(store: Path) -> MlflowClient:
@@ -66,12 +42,65 @@ def states(summary: dict) -> dict[str, bool]:
     return {s["stage"]: s["cached"] for s in summary["stages"]}
 
 
-def versions(store: Path) -> int:
-    return len(client_for(store).search_model_versions(f"name='{MODEL_NAME}'"))
+def aliases(store: Path) -> dict[str, list[str]]:
+    """Each registered version of the model -> its aliases."""
+    client = client_for(store)
+    found = sorted(int(v.version) for v in client.search_model_versions(f"name='{MODEL_NAME}'"))
+    # search_model_versions leaves the aliases out; get_model_version has them
+    return {str(v): sorted(client.get_model_version(MODEL_NAME, str(v)).aliases) for v in found}
 
 
-def test_cold_run_trains_evaluates_and_registers(store, cold):
-    summary = cold
+def champion(registry: dict[str, list[str]]) -> str:
+    (version,) = [v for v, names in registry.items() if "champion" in names]
+    return version
+
+
+@dataclass(frozen=True)
+class Rerun:
+    """One more run on the micro run's store: its process and summary file, and the registry (each version's
+    aliases) just before and just after it."""
+
+    proc: subprocess.CompletedProcess
+    summary_path: Path
+    before: dict[str, list[str]]
+    after: dict[str, list[str]]
+
+    @property
+    def summary(self) -> dict:
+        return finished(self.proc, self.summary_path)
+
+    @property
+    def output(self) -> str:
+        return self.proc.stdout + self.proc.stderr
+
+
+@pytest.fixture(scope="module")
+def reruns(micro_run: MicroRun) -> dict[str, Rerun]:
+    """The reruns on the micro run's store, in a fixed order. A failed rerun fails only the test that reads it.
+    `--refresh` uses a learning rate of its own, so it cannot cache what `grpo-changed` must train; the damaged
+    checkpoint comes last, so the other runs never see it."""
+    store = micro_run.store
+    plan = {
+        "warm": (),
+        "grpo-changed": ("grpo.learning_rate=3e-4",),
+        "refresh": ("grpo.learning_rate=2e-4", "--refresh"),
+        # a model of its own (the later registry.model_name wins over run_pipeline's), from the cached SFT policy
+        "rounds": ("registry.model_name=micro-rounds", "grpo.rounds=2", "grpo.beta=0.04"),
+        "damaged": (),
+    }
+    done: dict[str, Rerun] = {}
+    for name, extra in plan.items():
+        if name == "damaged":
+            (sft_dir,) = (store / "runs" / "sft").iterdir()
+            (sft_dir / "config.json").write_text("{}")  # a cached checkpoint edited behind the pipeline's back
+        before = aliases(store)
+        proc, summary_path = run_pipeline(store, name, *extra)
+        done[name] = Rerun(proc, summary_path, before, aliases(store))
+    return done
+
+
+def test_cold_run_trains_evaluates_and_registers(micro_run: MicroRun):
+    store, summary = micro_run.store, micro_run.summary
     assert not any(states(summary).values()), states(summary)
     assert list(states(summary)) == [
         "prepare_data",
@@ -86,9 +115,9 @@ def test_cold_run_trains_evaluates_and_registers(store, cold):
     reg = summary["registrations"][0]
     assert (reg["model_name"], reg["version"], reg["alias"]) == (MODEL_NAME, "1", "champion")
 
+    # version 1 as the registry holds it (a rerun on this store may since have moved the champion alias on)
     client = client_for(store)
-    version = client.get_model_version_by_alias(MODEL_NAME, "champion")
-    assert str(version.version) == "1"
+    version = client.get_model_version(MODEL_NAME, "1")
     tags = version.tags
     for tag in (
         "config_hash",
@@ -101,6 +130,7 @@ def test_cold_run_trains_evaluates_and_registers(store, cold):
         assert tags.get(tag), tag
     assert (tags["parent_model"], tags["round"], tags["gate.decision"]) == ("tiny", "1", "first")
     run = client.get_run(version.run_id)
+    assert run.info.run_id == reg["run_id"]
     assert run.data.tags["stage"] == "grpo"
     assert {"eval/accuracy", "eval/pass_at_4", "eval/maj_at_4", "eval/reward/correctness"} <= set(run.data.metrics)
     assert run.data.params["eval_n_samples"] == "4" and run.data.params["eval_seed"] == "0"
@@ -110,14 +140,17 @@ def test_cold_run_trains_evaluates_and_registers(store, cold):
     assert {"eval/items.jsonl", "eval/completions.json"} <= artifacts
     # the registered version is an MLflow transformers model: loaded through MLflow, it generates what the
     # checkpoint on disk generates
-    generator = mlflow.transformers.load_model(f"models:/{MODEL_NAME}@champion")
+    generator = mlflow.transformers.load_model(f"models:/{MODEL_NAME}/1")
     prompts = ["12+34=", "7+80=", "99+1="]
     loaded = [generator(p, max_new_tokens=4, do_sample=False)[0]["generated_text"] for p in prompts]
-    (checkpoint,) = (store / "runs" / "grpo-round1").iterdir()
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    tokenizer = AutoTokenizer.from_pretrained(micro_run.grpo_checkpoint)
     tokenizer.padding_side = "left"
     direct = generate(
-        AutoModelForCausalLM.from_pretrained(checkpoint), tokenizer, prompts, max_new_tokens=4, batch_size=1
+        AutoModelForCausalLM.from_pretrained(micro_run.grpo_checkpoint),
+        tokenizer,
+        prompts,
+        max_new_tokens=4,
+        batch_size=1,
     )
     assert loaded == [p + c[0] for p, c in zip(prompts, direct, strict=True)]
     config_text = Path(
@@ -125,54 +158,52 @@ def test_cold_run_trains_evaluates_and_registers(store, cold):
     ).read_text()
     assert "steps_per_round: 2" in config_text
 
-    # the summary table is also a Prefect markdown artifact (read from the local server's database)
+    # the summary table is also a Prefect markdown artifact of the run's flow run, the store's first (read from the
+    # local server's database)
     with sqlite3.connect(store / "prefect-home" / "prefect.db") as db:
-        artifacts = db.execute("select type, data from artifact where key = 'grpo-pipeline-summary'").fetchall()
+        artifacts = db.execute(
+            "select a.type, a.data from artifact a where a.key = 'grpo-pipeline-summary' and a.flow_run_id = "
+            "(select f.id from flow_run f where f.parent_task_run_id is null order by f.created limit 1)"
+        ).fetchall()
     assert [t for t, _ in artifacts] == ["markdown"]
     assert "register-r1" in artifacts[0][1] and MODEL_NAME in artifacts[0][1]
 
 
-def test_unchanged_rerun_is_fully_cached(store, cold):
-    before = versions(store)
-    summary = run_pipeline(store, "warm")
+def test_unchanged_rerun_is_fully_cached(reruns):
+    warm = reruns["warm"]
+    summary = warm.summary
     assert all(states(summary).values()), states(summary)
-    assert versions(store) == before  # nothing new was registered
+    assert warm.after == warm.before  # nothing new was registered, no alias moved
 
 
-def test_changed_grpo_value_reruns_only_the_grpo_side(store, cold):
-    before = versions(store)
-    champion = str(client_for(store).get_model_version_by_alias(MODEL_NAME, "champion").version)
-    summary = run_pipeline(store, "grpo-changed", "grpo.learning_rate=3e-4")
+def test_changed_grpo_value_reruns_only_the_grpo_side(reruns):
+    changed = reruns["grpo-changed"]
+    summary = changed.summary
     cached = states(summary)
     assert {s for s, c in cached.items() if not c} == GRPO_SIDE, cached
     reg = summary["registrations"][0]
-    assert reg["version"] == str(before + 1) and reg["alias"] in ("champion", "challenger")
-    assert reg["gate"]["champion_version"] == champion and reg["gate"]["n"] > 0
-    client = client_for(store)
-    aliases = {v: list(client.get_model_version(MODEL_NAME, v).aliases) for v in (champion, reg["version"])}
+    champ = champion(changed.before)
+    assert reg["version"] == str(len(changed.before) + 1) and reg["alias"] in ("champion", "challenger")
+    assert reg["gate"]["champion_version"] == champ and reg["gate"]["n"] > 0
+    after = {v: changed.after[v] for v in (champ, reg["version"])}
     if reg["alias"] == "champion":  # the alias moved to the better version
-        assert aliases == {champion: [], reg["version"]: ["champion"]}
+        assert after == {champ: [], reg["version"]: ["champion"]}
     else:
-        assert aliases == {champion: ["champion"], reg["version"]: ["challenger"]}
+        assert after == {champ: ["champion"], reg["version"]: ["challenger"]}
 
 
-def test_refresh_reruns_everything(store, cold):
-    summary = run_pipeline(store, "refresh", "grpo.learning_rate=3e-4", "--refresh")
+def test_refresh_reruns_everything(reruns):
+    summary = reruns["refresh"].summary
     assert not any(states(summary).values()), states(summary)
 
 
-def test_a_cached_result_whose_files_changed_on_disk_is_rebuilt(store, cold):
-    (sft_dir,) = (store / "runs" / "sft").iterdir()
-    (sft_dir / "config.json").write_text("{}")  # a cached checkpoint edited behind the pipeline's back
-    summary = store / "damaged.json"
-    args = ["run", "--config", "configs/tiny-arith.yaml", "--summary-json", str(summary),
-            *micro_overrides(store / "runs"), f"registry.model_name={MODEL_NAME}"]  # fmt: skip
-    proc = run_cli(args, cli_env(store))
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
+def test_a_cached_result_whose_files_changed_on_disk_is_rebuilt(reruns, micro_run: MicroRun):
+    damaged = reruns["damaged"]
+    out = damaged.output
+    stages = states(damaged.summary)
     assert "sft_warmup: not using the cached result" in out and "has changed" in out
-    stages = states(json.loads(summary.read_text()))
     assert stages["sft_warmup"] is False and stages["prepare_data"] is True
+    (sft_dir,) = (micro_run.store / "runs" / "sft").iterdir()
     assert json.loads((sft_dir / "config.json").read_text())["model_type"] == "llama"  # rebuilt in place
 
 
@@ -203,10 +234,9 @@ def test_invalid_data_stops_before_training(tmp_path):
     assert "Retry 1/" not in out
 
 
-def test_iterative_rounds_start_from_the_last_policy(tmp_path):
+def test_iterative_rounds_start_from_the_last_policy(reruns, micro_run: MicroRun):
     """`grpo.rounds=2` with a KL term: round 2 starts from round 1's policy, which is also its reference model."""
-    # a store of its own; the later registry.model_name wins over run_pipeline's
-    result = run_pipeline(tmp_path, "rounds", "registry.model_name=micro-rounds", "grpo.rounds=2", "grpo.beta=0.04")
+    result = reruns["rounds"].summary
     assert [s["stage"] for s in result["stages"]][-6:] == [
         "grpo_train-r1",
         "evaluate-r1",
@@ -216,7 +246,7 @@ def test_iterative_rounds_start_from_the_last_policy(tmp_path):
         "register-r2",
     ]
     assert [r["version"] for r in result["registrations"]] == ["1", "2"]
-    client = client_for(tmp_path)
+    client = client_for(micro_run.store)
     first, second = (client.get_run(r["run_id"]).data for r in result["registrations"])
     # lineage: round 1 comes from the base model (through SFT's run), round 2 from the version round 1 registered
     assert (first.tags["parent_model"], second.tags["parent_model"]) == ("tiny", "models:/micro-rounds/1")
