@@ -6,7 +6,8 @@ check that can be made early is made early, and each failure lists every problem
   - `configs/schema.py` rejects what the values alone decide (types, ranges, batch sizes that cannot form whole
     groups), when the config is loaded;
   - `check_config` rejects what needs the machine but no data: a run directory that cannot be written, a reward
-    name that is not registered or a dotted path that does not import, a local `model.base` that does not exist.
+    name that is not registered or a dotted path that does not import, a local `model.base` or a local data file
+    or dataset directory (`data.path`, a local `data.hf_name`) that does not exist.
     The CLI runs it before Prefect starts (a bad recipe fails in about a second); the flow runs it again on entry,
     for deployments and plain Python;
   - `check_inputs`, a stage between base_model and sft_warmup, rejects what needs the validated data and the base
@@ -27,13 +28,13 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from pydantic import BaseModel
 
-from grpo_pipeline.configs.schema import EvalConfig, GRPOConfig, PipelineConfig
+from grpo_pipeline.configs.schema import DataConfig, EvalConfig, GRPOConfig, PipelineConfig
 from grpo_pipeline.rewards import build_reward
 from grpo_pipeline.rewards.registry import RewardError
 from grpo_pipeline.tasks.chat import ChatTemplateError, as_completion, render_prompt
 from grpo_pipeline.tasks.common import Checkpoint, logger
 from grpo_pipeline.tasks.data import DatasetRefs
-from grpo_pipeline.tasks.model import check_base_path
+from grpo_pipeline.tasks.model import check_base_path, looks_local
 from grpo_pipeline.tasks.stage import stage, user_code
 
 if TYPE_CHECKING:
@@ -45,6 +46,8 @@ SMOKE_ROWS = 4
 SHOWN_ROWS = 5
 # Config attributes that hold a model's longest sequence, most common first.
 CONTEXT_ATTRIBUTES = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+# The data files tasks/data.py's read_table reads, by extension.
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".jsonl.gz", ".json.gz", ".csv.gz")
 
 
 class PreflightError(ValueError):
@@ -60,7 +63,8 @@ def _raise(what: str, problems: Sequence[str]) -> None:
 
 
 def check_config(cfg: PipelineConfig) -> None:
-    """Raise PreflightError naming every problem the config has on this machine: run dir, rewards, base model path.
+    """Raise PreflightError naming every problem the config has on this machine: run dir, rewards, base model path,
+    local data paths.
 
     Needs the user's import paths in place (`runtime.setup(cfg)`) so that dotted-path rewards import as in training.
     """
@@ -74,11 +78,13 @@ def check_config(cfg: PipelineConfig) -> None:
         check_base_path(cfg.model.base)
     except FileNotFoundError as e:
         problems.append(str(e))
+    data_problems = data_path_problems(cfg.data)
+    problems += data_problems
     # A hub model or dataset that cannot be fetched here (offline, no network), said now rather than after Prefect
     # has started and the library's retries have run out (tasks/hub.py).
     from grpo_pipeline.tasks.hub import dataset_problem, model_problem
 
-    problems += [p for p in (model_problem(cfg.model.base), dataset_problem(cfg.data)) if p]
+    problems += [p for p in (model_problem(cfg.model.base), None if data_problems else dataset_problem(cfg.data)) if p]
     _raise("the config cannot run here", problems)
 
 
@@ -97,6 +103,51 @@ def run_dir_problem(run_dir: str) -> str | None:
             "and MLflow store there; set run_dir=<a writable directory> or fix its permissions"
         )
     return None
+
+
+def data_path_problems(data: DataConfig) -> list[str]:
+    """Why each local file or directory the data config names cannot be read here, one line per field.
+
+    Checked with `model.base`, before Prefect starts: otherwise a missing file is found only by the data stage,
+    after the temporary Prefect server has started and the flow has begun."""
+    cwd = Path.cwd()
+    problems = []
+    for field, value in local_data_paths(data):
+        path = Path(value).expanduser()
+        where = "" if path.is_absolute() else f" (relative to the working directory {cwd})"
+        if field == "data.hf_name":
+            if not path.exists():
+                problems.append(
+                    f"data.hf_name {value!r} looks like a local path but does not exist{where}; set data.hf_name to "
+                    "a dataset directory on this machine (saved with save_to_disk, or a folder of data files) or to "
+                    "a hub name such as openai/gsm8k"
+                )
+            continue
+        suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
+        fix = f"set {field}=<a .jsonl, .json, .parquet or .csv file on this machine>"
+        if not path.exists():
+            problems.append(f"{field} {value!r} does not exist{where}; {fix}")
+        elif not path.is_file():
+            problems.append(f"{field} {value!r} is not a file{where}; {fix}")
+        elif suffix not in DATA_SUFFIXES:
+            problems.append(f"{field} {value!r} has an unsupported extension ({suffix or 'none'}); {fix}")
+        elif not os.access(path, os.R_OK):
+            problems.append(f"{field} {value!r} is not readable; fix its permissions or {fix}")
+    return problems
+
+
+def local_data_paths(data: DataConfig) -> list[tuple[str, str]]:
+    """(config field, path) of every local file or directory the data config reads: `data.path` (source: file), a
+    local `data.hf_name` (source: hf) and any other `*_path` field that is set (e.g. separate train and eval files)."""
+    paths = []
+    if data.source == "file" and data.path:
+        paths.append(("data.path", data.path))
+    if data.source == "hf" and data.hf_name and looks_local(data.hf_name):
+        paths.append(("data.hf_name", data.hf_name))
+    for name, value in data:
+        if name.endswith("_path") and isinstance(value, str) and value:
+            paths.append((f"data.{name}", value))
+    return paths
 
 
 def reward_entries(grpo: GRPOConfig, eval_cfg: EvalConfig) -> list[tuple[str, str, dict[str, Any]]]:
@@ -227,35 +278,20 @@ def context_problems(
         logger.warning("model.base %s does not say how long its context is; prompt lengths are not checked", name)
         return [], None, longest
     context, attr = found
-    model = f"model.base {name!r} takes {context} tokens ({attr})"
-    shorten = "shorten the prompts (data.prompt_template, or data.max_prompt_chars to reject long rows)"
-    longer = "use a model with a longer context (model.tiny.max_positions for the tiny model)"
+    lengths = _PromptLengths(texts, prompts, context, f"model.base {name!r} takes {context} tokens ({attr})")
+    budgets = _completion_budgets(tokenizer, train, held_out, grpo, eval_cfg, sft_enabled)
+    return lengths.problems(budgets), context, longest
 
-    def rows_over(extra: dict[str, list[int]]) -> list[tuple[str, int, int]]:
-        """(split, row, tokens needed) of the rows whose prompt fits but prompt + extra does not."""
-        return [
-            (split, i, n + more)
-            for split, counts in extra.items()
-            for i, (n, more) in enumerate(zip(prompts[split], counts, strict=False))
-            if n <= context < n + more
-        ]
 
-    def describe(over: list[tuple[str, int, int]], what: str) -> str:
-        split, row, needed = max(over, key=lambda o: o[2])
-        shown = ", ".join(f"{s} row {i}" for s, i, _ in over[:SHOWN_ROWS])
-        more = f" and {len(over) - SHOWN_ROWS} more" if len(over) > SHOWN_ROWS else ""
-        prompt = str(texts[split].iloc[row])[:60]
-        return (
-            f"{len(over)} row(s) {what}: {model}, and the longest, {split} row {row}, needs {needed} "
-            f"({prompts[split][row]} in its prompt {prompt!r}); {shown}{more}"
-        )
-
-    problems = []
-    too_long = [(s, i, n) for s, counts in prompts.items() for i, n in enumerate(counts) if n > context]
-    if too_long:
-        problems.append(
-            describe(too_long, "have a prompt longer than the model's context") + f". Fix: {shorten}, or {longer}"
-        )
+def _completion_budgets(
+    tokenizer: PreTrainedTokenizerBase,
+    train: pd.DataFrame,
+    held_out: pd.DataFrame,
+    grpo: GRPOConfig,
+    eval_cfg: EvalConfig,
+    sft_enabled: bool,
+) -> dict[str, dict[str, list[int]]]:
+    """What must fit after each prompt, by what sets it: {budget: {split: tokens per row}}."""
     probe = min(grpo.probe_problems, len(held_out))  # the probe generates rollouts' length on these eval rows
     budgets = {
         f"grpo.max_completion_tokens={grpo.max_completion_tokens}": {
@@ -268,13 +304,54 @@ def context_problems(
         budgets["their SFT completion (data.completion_column) and EOS"] = {
             "train": [n + 1 for n in _token_counts(tokenizer, train["completion"], special=False)]
         }
-    for budget, extra in budgets.items():
-        if over := rows_over(extra):
-            fix = f"lower {budget.split('=')[0]}" if "=" in budget else "shorten the SFT completions"
+    return budgets
+
+
+class _PromptLengths:
+    """The prompts of both splits in tokens against the model's context, and the messages for those that overrun."""
+
+    SHORTEN = "shorten the prompts (data.prompt_template, or data.max_prompt_chars to reject long rows)"
+    LONGER = "use a model with a longer context (model.tiny.max_positions for the tiny model)"
+
+    def __init__(self, texts: dict[str, pd.Series], prompts: dict[str, list[int]], context: int, model: str) -> None:
+        self.texts, self.prompts, self.context, self.model = texts, prompts, context, model
+
+    def problems(self, budgets: dict[str, dict[str, list[int]]]) -> list[str]:
+        """Prompts longer than the context, then, per budget, prompts that fit alone but not with the budget."""
+        problems = []
+        too_long = [(s, i, n) for s, counts in self.prompts.items() for i, n in enumerate(counts) if n > self.context]
+        if too_long:
             problems.append(
-                describe(over, f"leave too little room for {budget}") + f". Fix: {fix}, {shorten}, or {longer}"
+                self.describe(too_long, "have a prompt longer than the model's context")
+                + f". Fix: {self.SHORTEN}, or {self.LONGER}"
             )
-    return problems, context, longest
+        for budget, extra in budgets.items():
+            if over := self.rows_over(extra):
+                fix = f"lower {budget.split('=')[0]}" if "=" in budget else "shorten the SFT completions"
+                problems.append(
+                    self.describe(over, f"leave too little room for {budget}")
+                    + f". Fix: {fix}, {self.SHORTEN}, or {self.LONGER}"
+                )
+        return problems
+
+    def rows_over(self, extra: dict[str, list[int]]) -> list[tuple[str, int, int]]:
+        """(split, row, tokens needed) of the rows whose prompt fits but prompt + extra does not."""
+        return [
+            (split, i, n + more)
+            for split, counts in extra.items()
+            for i, (n, more) in enumerate(zip(self.prompts[split], counts, strict=False))
+            if n <= self.context < n + more
+        ]
+
+    def describe(self, over: list[tuple[str, int, int]], what: str) -> str:
+        split, row, needed = max(over, key=lambda o: o[2])
+        shown = ", ".join(f"{s} row {i}" for s, i, _ in over[:SHOWN_ROWS])
+        more = f" and {len(over) - SHOWN_ROWS} more" if len(over) > SHOWN_ROWS else ""
+        prompt = str(self.texts[split].iloc[row])[:60]
+        return (
+            f"{len(over)} row(s) {what}: {self.model}, and the longest, {split} row {row}, needs {needed} "
+            f"({self.prompts[split][row]} in its prompt {prompt!r}); {shown}{more}"
+        )
 
 
 def _token_counts(tokenizer: PreTrainedTokenizerBase, texts: pd.Series, special: bool = True) -> list[int]:
