@@ -190,7 +190,7 @@ def stage_meta(run_dir: Path, folder: str) -> dict:
 def test_a_pipeline_killed_mid_training_resumes_on_rerun(tmp_path):
     import mlflow
 
-    steps = 400
+    steps = 100  # checkpoints at 25, 50 and 75: the kill lands after the first, the rerun trains the rest
     extra = [f"sft.max_steps={steps}", "sft.save_every_steps=25", "registry.model_name=resume-kill"]
     env = cli_env(tmp_path)
     # Its own session, so the kill takes the whole process group (the CLI and its Prefect server) like a lost node.
