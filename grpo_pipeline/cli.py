@@ -19,6 +19,7 @@ from grpo_pipeline.configs.schema import ConfigError, PipelineConfig, load_confi
 from grpo_pipeline.eval_cli import eval_command
 from grpo_pipeline.rewards_cli import rewards_app
 from grpo_pipeline.runtime import setup
+from grpo_pipeline.serve_model import serve_model_command
 
 app = typer.Typer(
     help="GRPO post-training as a Prefect pipeline: data -> validation -> SFT -> GRPO rounds -> eval -> MLflow.",
@@ -28,6 +29,7 @@ app = typer.Typer(
 console = Console()
 app.add_typer(rewards_app, name="rewards")
 app.command(name="eval")(eval_command)
+app.command(name="serve-model")(serve_model_command)
 
 ConfigOpt = Annotated[
     Path | None, typer.Option("--config", "-c", help="YAML recipe, e.g. configs/tiny-arith.yaml (defaults if omitted).")
