@@ -34,13 +34,13 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from learning import run_pipeline  # noqa: E402
 
 from grpo_pipeline.configs.schema import PipelineConfig, load_config  # noqa: E402
-from grpo_pipeline.tasks.common import Checkpoint, Ref, fingerprint_path  # noqa: E402
+from grpo_pipeline.tasks.core.common import Checkpoint, Ref, fingerprint_path  # noqa: E402
+from grpo_pipeline.tasks.core.stage import RunContext  # noqa: E402
 from grpo_pipeline.tasks.data import prepare_data  # noqa: E402
 from grpo_pipeline.tasks.difficulty import DifficultyResult, Rollouts, filter_by_difficulty  # noqa: E402
 from grpo_pipeline.tasks.evaluate import ITEMS_FILE, EvalResult, evaluate  # noqa: E402
 from grpo_pipeline.tasks.grpo import grpo_train  # noqa: E402
-from grpo_pipeline.tasks.metrics import paired_bootstrap_ci  # noqa: E402
-from grpo_pipeline.tasks.stage import RunContext  # noqa: E402
+from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci  # noqa: E402
 
 FILTER_ON = "grpo.difficulty_filter.enabled=true"
 
@@ -122,7 +122,7 @@ def show(seed: int, arms: dict) -> float:
     n = len(r1)
 
     def acc(xs: list[int]) -> str:
-        from grpo_pipeline.tasks.metrics import bootstrap_ci
+        from grpo_pipeline.tasks.scoring.metrics import bootstrap_ci
 
         low, high = bootstrap_ci(xs, seed=0)
         return f"{sum(xs) / n:.3f} [{low:.3f}, {high:.3f}]"

@@ -26,8 +26,8 @@ sys.path.insert(0, str(REPO))
 from grpo_pipeline.configs.schema import load_config  # noqa: E402
 from grpo_pipeline.tasks.data import synthetic_arithmetic  # noqa: E402
 from grpo_pipeline.tasks.evaluate import generate  # noqa: E402
-from grpo_pipeline.tasks.tiny_model import build_tiny_model  # noqa: E402
-from grpo_pipeline.tasks.training import load_tokenizer  # noqa: E402
+from grpo_pipeline.tasks.training.tiny_model import build_tiny_model  # noqa: E402
+from grpo_pipeline.tasks.training.trainer import load_tokenizer  # noqa: E402
 
 
 def one_at_a_time(model, tokenizer, prompts: list[str], n: int, max_new_tokens: int, temperature: float):

@@ -215,7 +215,7 @@ def part_grpo(model_dir: Path, args: argparse.Namespace) -> dict[str, float]:
 
     from grpo_pipeline.configs.schema import GRPOConfig, ModelConfig
     from grpo_pipeline.tasks.grpo import trl_grpo_args
-    from grpo_pipeline.tasks.training import precision_args
+    from grpo_pipeline.tasks.training.trainer import precision_args
 
     cfg = GRPOConfig(
         steps_per_round=args.steps,

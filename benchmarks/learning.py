@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 from grpo_pipeline.configs.schema import load_config  # noqa: E402
 from grpo_pipeline.tasks.data import function_family, needs_carry  # noqa: E402
 from grpo_pipeline.tasks.evaluate import ITEMS_FILE  # noqa: E402
-from grpo_pipeline.tasks.metrics import paired_bootstrap_ci  # noqa: E402
+from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci  # noqa: E402
 
 RECORD = "benchmark-record.json"
 CODE_REWARDS = ("code_tests",)  # rewards that run programs in the sandbox (rewards/code.py)
@@ -92,7 +92,7 @@ def curves(run_dir: Path, run_id: str, correctness: str = "correctness") -> dict
     """The logged curves of one GRPO round; the sampled accuracy is the mean of the `correctness` reward."""
     import mlflow
 
-    from grpo_pipeline.tasks.curves import PROBE_METRIC
+    from grpo_pipeline.tasks.scoring.curves import PROBE_METRIC
 
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run_dir.resolve() / 'mlflow.db'}")
     keys = ["reward", f"rewards/{correctness}/mean", "frac_reward_zero_std", PROBE_METRIC]

@@ -42,7 +42,7 @@ PLAIN_LOOP = textwrap.dedent("""
     from grpo_pipeline.tasks.model import prepare_base_model
     from grpo_pipeline.tasks.register import register_policy
     from grpo_pipeline.tasks.sft import sft_warmup
-    from grpo_pipeline.tasks.stage import RunContext
+    from grpo_pipeline.tasks.core.stage import RunContext
     from grpo_pipeline.tasks.validate import validate_data
 
     stages = []

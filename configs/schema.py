@@ -119,7 +119,7 @@ class DataConfig(_Section):
         description="'text': each prompt is the templated question, fed to the model as it is. 'chat': each prompt "
         "becomes chat messages (the system prompt when set, then the templated question as the user's message; a "
         "source column that already holds messages is kept), rendered with the tokenizer's chat template for SFT, "
-        "GRPO and evaluation alike (tasks/chat.py).",
+        "GRPO and evaluation alike (tasks/scoring/chat.py).",
     )
     system_prompt: str | None = Field(
         default=None,
@@ -224,7 +224,7 @@ class ModelConfig(_Section):
 
 
 def _save_every_steps(default: int) -> Any:
-    """The checkpoint interval field that SFT and GRPO share (tasks/checkpoints.py)."""
+    """The checkpoint interval field that SFT and GRPO share (tasks/training/checkpoints.py)."""
     return Field(
         default=default,
         ge=0,
@@ -487,7 +487,7 @@ class RegistryConfig(_Section):
 
 
 class MonitorsConfig(_Section):
-    """Training-health alarms watched during every GRPO round (tasks/health.py). An alarm is logged, set as a tag
+    """Training-health alarms watched in every GRPO round (tasks/training/health.py). An alarm is logged, set as a tag
     and metric on the round's MLflow run, listed in the run summary, and keeps the round from taking `champion`
     (unless registry.allow_unhealthy). The defaults stay silent on the default recipe (see docs/monitors.md)."""
 
@@ -582,7 +582,7 @@ class PipelineConfig(_Section):
     registry: RegistryConfig = Field(default_factory=RegistryConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     monitors: MonitorsConfig = Field(
-        default_factory=MonitorsConfig, description="Training-health alarms of the GRPO rounds (tasks/health.py)."
+        default_factory=MonitorsConfig, description="Health alarms of the GRPO rounds (tasks/training/health.py)."
     )
 
     @field_validator("name")
@@ -630,7 +630,7 @@ class PipelineConfig(_Section):
 
 def section_hash(section: Any) -> str:
     """A stable sha256 of the canonical JSON of a config section, or of any value made of pydantic models, paths
-    and JSON-able containers (the config hash, and every stage key in tasks/stage.py). Fields marked `UNKEYED`
+    and JSON-able containers (the config hash, and every stage key in tasks/core/stage.py). Fields marked `UNKEYED`
     are left out."""
     return hashlib.sha256(json.dumps(to_jsonable_python(keyed_view(section)), sort_keys=True).encode()).hexdigest()
 

@@ -5,7 +5,7 @@
 
 Each stage is a thin Prefect task over a plain function in tasks/ (usable without Prefect). Tasks exchange paths
 plus content fingerprints, never models or DataFrames. A stage's cache key is the one key that also names its
-output directory (tasks/stage.py): its config section, its inputs' fingerprints, the project code it runs and the
+output directory (tasks/core/stage.py): its config section, its inputs' fingerprints, the project code it runs and the
 user's code it calls. Rerunning an unchanged config hits the cache everywhere; changing only `grpo.*` reruns GRPO
 and what follows it.
 """
@@ -25,7 +25,9 @@ from grpo_pipeline.flows.grpo_train import remote_grpo_train
 from grpo_pipeline.flows.summary import StageRecord, Summary
 from grpo_pipeline.rewards.registry import RewardError
 from grpo_pipeline.runtime import setup
-from grpo_pipeline.tasks.common import damaged
+from grpo_pipeline.tasks.core.common import damaged
+from grpo_pipeline.tasks.core.stage import RunContext
+from grpo_pipeline.tasks.core.tracking import unreachable
 from grpo_pipeline.tasks.data import DataError
 from grpo_pipeline.tasks.data import prepare_data as _prepare_data
 from grpo_pipeline.tasks.difficulty import DifficultyResult, Rollouts, filters_round
@@ -33,15 +35,13 @@ from grpo_pipeline.tasks.difficulty import filter_by_difficulty as _filter_by_di
 from grpo_pipeline.tasks.evaluate import EvalResult
 from grpo_pipeline.tasks.evaluate import evaluate as _evaluate
 from grpo_pipeline.tasks.grpo import grpo_train as _grpo_train
-from grpo_pipeline.tasks.health import TrainingHealthError
 from grpo_pipeline.tasks.model import pin_registered, prepare_base_model
 from grpo_pipeline.tasks.preflight import PreflightError, check_config
 from grpo_pipeline.tasks.preflight import check_inputs as _check_inputs
 from grpo_pipeline.tasks.register import Registration, register_policy
 from grpo_pipeline.tasks.sft import sft_warmup as _sft_warmup
-from grpo_pipeline.tasks.stage import RunContext
-from grpo_pipeline.tasks.tracking import unreachable
-from grpo_pipeline.tasks.training import check_model_runtime
+from grpo_pipeline.tasks.training.health import TrainingHealthError
+from grpo_pipeline.tasks.training.trainer import check_model_runtime
 from grpo_pipeline.tasks.validate import DataValidationError
 from grpo_pipeline.tasks.validate import validate_data as _validate_data
 
@@ -77,7 +77,7 @@ def retry_registration(task: Task, task_run: Any, state: Any) -> bool:
 
 
 def stage_task(fn: Callable[..., Any], name: str, **options: Any) -> Task:
-    """A Prefect task over a stage function, cached under the stage's own key (see tasks/stage.py)."""
+    """A Prefect task over a stage function, cached under the stage's own key (see tasks/core/stage.py)."""
     defaults: dict[str, Any] = {
         "retries": STAGE_RETRIES,
         "retry_delay_seconds": 5,
@@ -105,7 +105,7 @@ grpo_train_remote = task(
 )
 evaluate = stage_task(_evaluate, "evaluate", task_run_name="evaluate-{label}")
 # Registration outlasts an MLflow outage (a server restart, a deploy): the training it registers is done and cached,
-# so waiting costs nothing but time. The stage checks the server first (tasks/tracking.require_reachable) and fails
+# so waiting costs nothing but time. The stage checks the server first (tracking.require_reachable) and fails
 # in seconds, and Prefect logs each retry with its delay: 5, 10, 20, 40, 80, 160 s, about five minutes in all.
 # Registration is idempotent (tasks/register.py), so a retry after a failure mid-way leaves one version.
 register = stage_task(

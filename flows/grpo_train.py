@@ -16,10 +16,10 @@ from prefect.deployments import run_deployment
 
 from grpo_pipeline.configs.schema import GRPOConfig, ModelConfig, MonitorsConfig
 from grpo_pipeline.runtime import add_import_paths, setup
-from grpo_pipeline.tasks.common import Checkpoint, Ref
+from grpo_pipeline.tasks.core.common import Checkpoint, Ref
+from grpo_pipeline.tasks.core.publish import materialize, publish, share_inputs
+from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.grpo import grpo_train
-from grpo_pipeline.tasks.publish import materialize, publish, share_inputs
-from grpo_pipeline.tasks.stage import RunContext
 
 
 @flow(name="grpo-train", log_prints=False, persist_result=True)

@@ -7,9 +7,9 @@ from pydantic import BaseModel
 from grpo_pipeline.configs.schema import PipelineConfig
 from grpo_pipeline.tasks.difficulty import DifficultyResult
 from grpo_pipeline.tasks.evaluate import EvalResult
-from grpo_pipeline.tasks.gate import item_metric
-from grpo_pipeline.tasks.metrics import paired_bootstrap_ci
 from grpo_pipeline.tasks.register import Registration
+from grpo_pipeline.tasks.release.gate import item_metric
+from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci
 
 
 class StageRecord(BaseModel):
@@ -22,7 +22,7 @@ class StageRecord(BaseModel):
 
 class RoundRow(BaseModel):
     """One row of the rounds table: a model's gating metric and its change against the model before it, with the
-    paired bootstrap 95% CI over the same eval items (tasks/metrics.py)."""
+    paired bootstrap 95% CI over the same eval items (tasks/scoring/metrics.py)."""
 
     model: str
     metric: str
@@ -93,7 +93,7 @@ class Summary(BaseModel):
     eval_settings: dict[str, float | int]
     rounds: list[RoundRow] = []
     difficulty_filters: list[DifficultyResult] = []
-    # Each GRPO round's training-health alarms (tasks/health.py), in round order; empty lists for healthy rounds.
+    # Each GRPO round's training-health alarms (tasks/training/health.py), in round order; empty for healthy rounds.
     health: list[list[str]] = []
 
     @classmethod

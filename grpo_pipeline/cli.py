@@ -96,7 +96,7 @@ def run(
     _use_stack_if_running()
     # Prefect reads its settings at import time, so the flow is imported only after setup.
     from grpo_pipeline.flows.grpo_pipeline import BAD_INPUT, grpo_pipeline
-    from grpo_pipeline.tasks.tracking import tracking_uri
+    from grpo_pipeline.tasks.core.tracking import tracking_uri
 
     if not verbose:
         for name in ("prefect.flow_runs", "prefect.task_runs"):

@@ -22,7 +22,7 @@ from grpo_pipeline.configs.schema import ConfigError, EvalConfig, load_config
 from grpo_pipeline.runtime import setup
 
 if TYPE_CHECKING:
-    from grpo_pipeline.tasks.common import Ref
+    from grpo_pipeline.tasks.core.common import Ref
     from grpo_pipeline.tasks.evaluate import EvalResult
 
 console = Console(stderr=True)
@@ -57,7 +57,7 @@ def resolve_model(spec: str, run_dir: Path) -> str:
 def eval_split(data: Path, fmt: str, limit: int | None, run_dir: Path) -> tuple[Ref, EvalConfig, str]:
     """The eval rows (a Ref to Parquet), the eval settings and a description: a recipe's held-out split with its
     `eval` section, or a benchmark file mapped by its format with default settings."""
-    from grpo_pipeline.tasks.common import Ref, atomic_dir, fingerprint_path
+    from grpo_pipeline.tasks.core.common import Ref, atomic_dir, fingerprint_path
     from grpo_pipeline.tasks.data import prepare_data
 
     if data.suffix in RECIPE_SUFFIXES:
@@ -65,7 +65,7 @@ def eval_split(data: Path, fmt: str, limit: int | None, run_dir: Path) -> tuple[
         setup(cfg)
         held_out = prepare_data(cfg.data, cfg.run_dir).eval
         return held_out, cfg.eval, f"recipe {cfg.name}, held-out split"
-    from grpo_pipeline.tasks.eval_formats import correctness_reward_for, load_eval_rows
+    from grpo_pipeline.tasks.scoring.formats import correctness_reward_for, load_eval_rows
 
     rows, found = load_eval_rows(data, fmt, limit=limit)
     digest = fingerprint_path(data)[:12]
@@ -102,8 +102,8 @@ def items_dir(run_dir: Path, model_path: str, held_out: Ref, cfg: EvalConfig, se
 def compare(ours: EvalResult, theirs: EvalResult, seed: int) -> dict[str, dict[str, float]]:
     """For each metric with per-item scores: both means and the paired bootstrap CI of (ours - theirs) over the items
     both models have a score for (`n`; an item unscored for either is left out)."""
-    from grpo_pipeline.tasks.gate import item_metric
-    from grpo_pipeline.tasks.metrics import paired_bootstrap_ci
+    from grpo_pipeline.tasks.release.gate import item_metric
+    from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci
 
     a, b = ours.items(), theirs.items()
     out: dict[str, dict[str, float]] = {}

@@ -40,7 +40,7 @@ def serve_model_command(
     ] = None,
 ) -> None:
     """Serve a registered model over HTTP (POST /invocations), as `mlflow models serve --env-manager local`."""
-    from grpo_pipeline.tasks.tracking import tracking_uri as run_tracking_uri
+    from grpo_pipeline.tasks.core.tracking import tracking_uri as run_tracking_uri
 
     uri = tracking_uri or run_tracking_uri(run_dir)
     problem = registry_problem(model_uri, uri)

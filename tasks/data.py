@@ -5,7 +5,7 @@ deterministic by seed), a local JSONL/Parquet/CSV file, or a
 Hugging Face dataset (by name, or a local dataset directory). Every source ends as the same columns:
 `prompt` (what the model sees), `answer` (the reference final answer, a string), `completion` (the SFT target),
 plus any `extra_columns` the rewards need. With `prompt_format: chat` the prompt is the JSON of its chat messages
-(tasks/chat.py).
+(tasks/scoring/chat.py).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import pandas as pd
 from pydantic import BaseModel
 
 from grpo_pipeline.configs.schema import DataConfig, SyntheticTaskConfig
-from grpo_pipeline.tasks import chat
-from grpo_pipeline.tasks.common import Ref, atomic_dir, fingerprint_path, logger
-from grpo_pipeline.tasks.stage import stage
+from grpo_pipeline.tasks.core.common import Ref, atomic_dir, fingerprint_path, logger
+from grpo_pipeline.tasks.core.stage import stage
+from grpo_pipeline.tasks.scoring import chat
 
 
 class DataError(ValueError):
@@ -292,7 +292,7 @@ def _completion_text(value: Any) -> str:
 
 def format_prompt(cfg: DataConfig, value: Any, origin: str = "the data") -> str | None:
     """One row's prompt as stored in the splits: the templated question (prompt_format: text), or the JSON of its
-    chat messages (prompt_format: chat; tasks/chat.py). A source value that already holds messages is kept as it
+    chat messages (prompt_format: chat; tasks/scoring/chat.py). A source value that already holds messages is kept as it
     is (the system prompt put first when it has none), and validation checks it."""
     if _missing(value):
         return None

@@ -9,7 +9,7 @@ whose accuracy is 0 or 1. This stage does the same at the dataset level, once pe
 temperature, scores them with the correctness reward evaluation uses, and writes the prompts whose pass rate lies
 strictly between the configured bounds as the round's training split.
 
-The stage is keyed by the policy's fingerprint and the training data (tasks/stage.py), so it reruns exactly when the
+The stage is keyed by the policy fingerprint and the training data (tasks/core/stage.py), so it reruns exactly when the
 round's starting policy or the data change. Sampling and scoring reuse evaluation's batched `generate` and
 `judge`, so "correct" means the same here as in training and evaluation.
 """
@@ -26,11 +26,11 @@ from pydantic import BaseModel, ConfigDict, computed_field
 
 from grpo_pipeline.configs.schema import DifficultyFilterConfig, PipelineConfig
 from grpo_pipeline.rewards import build_reward
-from grpo_pipeline.tasks.common import Checkpoint, Ref, atomic_dir, fingerprint_path, logger
+from grpo_pipeline.tasks.core.common import Checkpoint, Ref, atomic_dir, fingerprint_path, logger
+from grpo_pipeline.tasks.core.stage import RunContext, stage, user_code
+from grpo_pipeline.tasks.core.tracking import mlflow_run
 from grpo_pipeline.tasks.evaluate import generate, judge
-from grpo_pipeline.tasks.stage import RunContext, stage, user_code
-from grpo_pipeline.tasks.tracking import mlflow_run
-from grpo_pipeline.tasks.training import load_tokenizer
+from grpo_pipeline.tasks.training.trainer import load_tokenizer
 
 TRAIN_FILE = "train.parquet"
 PASS_RATES_FILE = "pass_rates.jsonl"

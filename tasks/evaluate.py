@@ -1,7 +1,7 @@
 """Stage 5, evaluate: greedy accuracy, unbiased pass@k, maj@k and reward means on the held-out split.
 
 Generation is batched (left padding); chat prompts are rendered with the model's chat template first, as GRPO
-renders them (tasks/chat.py), and their items keep the rendered text (`prompt_text`). A completion counts as
+renders them (tasks/scoring/chat.py), and their items keep the rendered text (`prompt_text`). A completion counts as
 correct when the configured correctness reward gives it 1.0, the same function GRPO trains on, so training and
 evaluation cannot disagree about what "correct" means. Rewards get what TRL passes them, `completion_ids` included
 (the generated tokens up to and including the first EOS), so a length measured in tokens is the same here as in
@@ -32,11 +32,8 @@ from grpo_pipeline.configs.schema import EvalConfig, RewardSpec
 from grpo_pipeline.rewards import build_reward
 from grpo_pipeline.rewards.math import answer_key
 from grpo_pipeline.rewards.registry import REGISTRY, RewardError, completion_text
-from grpo_pipeline.tasks.chat import as_completion, as_prompt, render_prompt
-from grpo_pipeline.tasks.common import Checkpoint, Ref, atomic_dir, logger
-from grpo_pipeline.tasks.data import read_table
-from grpo_pipeline.tasks.metrics import bootstrap_ci, majority_correct, scored_pass_at_k
-from grpo_pipeline.tasks.stage import (
+from grpo_pipeline.tasks.core.common import Checkpoint, Ref, atomic_dir, logger
+from grpo_pipeline.tasks.core.stage import (
     RunContext,
     module_closure,
     package_modules,
@@ -44,7 +41,10 @@ from grpo_pipeline.tasks.stage import (
     user_code,
     user_code_fingerprint,
 )
-from grpo_pipeline.tasks.training import load_tokenizer
+from grpo_pipeline.tasks.data import read_table
+from grpo_pipeline.tasks.scoring.chat import as_completion, as_prompt, render_prompt
+from grpo_pipeline.tasks.scoring.metrics import bootstrap_ci, majority_correct, scored_pass_at_k
+from grpo_pipeline.tasks.training.trainer import load_tokenizer
 
 ITEMS_FILE = "items.jsonl"
 # Rewards whose answers are not values to vote on: no maj@k for code.

@@ -7,7 +7,7 @@ round's policy and, because TRL builds the reference model from the starting che
 is reset to that policy too (only matters when beta > 0).
 
 Chat prompts (data.prompt_format: chat) reach GRPOTrainer as messages: it renders them with the tokenizer's chat
-template and hands the rewards each completion as an assistant message (tasks/chat.py).
+template and hands the rewards each completion as an assistant message (tasks/scoring/chat.py).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import pandas as pd
 
 from grpo_pipeline.configs.schema import GRPOConfig, ModelConfig, MonitorsConfig
 from grpo_pipeline.rewards import build_rewards
-from grpo_pipeline.tasks.chat import conversational_dataset
-from grpo_pipeline.tasks.common import Checkpoint, Ref, logger
-from grpo_pipeline.tasks.launch import launched
-from grpo_pipeline.tasks.stage import RunContext, stage, user_code
-from grpo_pipeline.tasks.training import adapter_args, load_split, train_policy, vllm_available
+from grpo_pipeline.tasks.core.common import Checkpoint, Ref, logger
+from grpo_pipeline.tasks.core.launch import launched
+from grpo_pipeline.tasks.core.stage import RunContext, stage, user_code
+from grpo_pipeline.tasks.scoring.chat import conversational_dataset
+from grpo_pipeline.tasks.training.trainer import adapter_args, load_split, train_policy, vllm_available
 
 if TYPE_CHECKING:  # the training libraries load when a round runs, not when a cached run imports the flow
     from transformers import PreTrainedTokenizerBase
@@ -73,7 +73,7 @@ def trl_grpo_args(
         vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
         logging_steps=cfg.log_every_steps,
         # Log a NaN/inf loss as it is (transformers would replace it by the running mean), so that the training-health
-        # monitor (tasks/health.py) sees it.
+        # monitor (tasks/training/health.py) sees it.
         logging_nan_inf_filter=False,
     )
 
@@ -103,13 +103,13 @@ def grpo_train(
     training-health alarms).
 
     With `held_out`, greedy accuracy on its first `cfg.probe_problems` rows is logged during training. `monitors`
-    (default: MonitorsConfig()) sets the training-health alarms (tasks/health.py); with `monitors.fail_fast` the
+    (default: MonitorsConfig()) sets the health alarms (tasks/training/health.py); with `monitors.fail_fast` the
     first alarm stops the round with TrainingHealthError.
     """
     from trl import GRPOTrainer
 
-    from grpo_pipeline.tasks.health import RoundHealth, health_callback
-    from grpo_pipeline.tasks.probe import HeldOutAccuracyProbe
+    from grpo_pipeline.tasks.training.health import RoundHealth, health_callback
+    from grpo_pipeline.tasks.training.probe import HeldOutAccuracyProbe
 
     monitors = monitors or MonitorsConfig()
     stage_name = f"grpo-r{round_index}"

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpo_pipeline.configs.schema import ModelConfig
-from grpo_pipeline.tasks.common import Checkpoint, atomic_dir, fingerprint_path, logger
-from grpo_pipeline.tasks.stage import stage
-from grpo_pipeline.tasks.tracking import tracking_uri
+from grpo_pipeline.tasks.core.common import Checkpoint, atomic_dir, fingerprint_path, logger
+from grpo_pipeline.tasks.core.stage import stage
+from grpo_pipeline.tasks.core.tracking import tracking_uri
 
 if TYPE_CHECKING:
     from mlflow.entities.model_registry import ModelVersion
@@ -97,7 +97,7 @@ def pin_registered(cfg: ModelConfig, run_dir: str) -> ModelConfig:
 def prepare_base_model(cfg: ModelConfig, run_dir: str, seed: int, out: Path) -> Checkpoint:
     """A Checkpoint for the configured base model, building the tiny model into `out` when `base` is 'tiny'."""
     if cfg.base == "tiny":
-        from grpo_pipeline.tasks.tiny_model import build_tiny_model
+        from grpo_pipeline.tasks.training.tiny_model import build_tiny_model
 
         build_tiny_model(cfg.tiny, out, seed)
         logger.info("built the embedded tiny model in %s", out)

@@ -31,11 +31,11 @@ from pydantic import BaseModel
 from grpo_pipeline.configs.schema import DataConfig, EvalConfig, GRPOConfig, PipelineConfig
 from grpo_pipeline.rewards import build_reward
 from grpo_pipeline.rewards.registry import RewardError
-from grpo_pipeline.tasks.chat import ChatTemplateError, as_completion, render_prompt
-from grpo_pipeline.tasks.common import Checkpoint, logger
+from grpo_pipeline.tasks.core.common import Checkpoint, logger
+from grpo_pipeline.tasks.core.stage import stage, user_code
 from grpo_pipeline.tasks.data import DatasetRefs
 from grpo_pipeline.tasks.model import check_base_path, looks_local
-from grpo_pipeline.tasks.stage import stage, user_code
+from grpo_pipeline.tasks.scoring.chat import ChatTemplateError, as_completion, render_prompt
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
@@ -81,8 +81,8 @@ def check_config(cfg: PipelineConfig) -> None:
     data_problems = data_path_problems(cfg.data)
     problems += data_problems
     # A hub model or dataset that cannot be fetched here (offline, no network), said now rather than after Prefect
-    # has started and the library's retries have run out (tasks/hub.py).
-    from grpo_pipeline.tasks.hub import dataset_problem, model_problem
+    # has started and the library's retries have run out (tasks/core/hub.py).
+    from grpo_pipeline.tasks.core.hub import dataset_problem, model_problem
 
     problems += [p for p in (model_problem(cfg.model.base), None if data_problems else dataset_problem(cfg.data)) if p]
     _raise("the config cannot run here", problems)
@@ -255,7 +255,7 @@ def context_problems(
     longest prompt in tokens."""
     from transformers import AutoConfig
 
-    from grpo_pipeline.tasks.training import load_tokenizer
+    from grpo_pipeline.tasks.training.trainer import load_tokenizer
 
     name = base.parent or base.path
     try:

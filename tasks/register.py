@@ -15,7 +15,7 @@ committed the first) is deleted. That decision is the one its gate tags record o
 still the champion: when another run has promoted a version since, the version is compared again with the champion
 of the moment, so an old comparison never takes `champion` from a version it was not compared with.
 
-Gating one registered model is serialised (tasks/tracking.registry_lock) from reading the champion to moving the
+Gating one registered model is serialised (core/tracking.py registry_lock) from reading the champion to moving the
 alias, across every run that shares the Prefect API (a global concurrency limit named after the model) and every run
 that shares the run directory (a file lock).
 """
@@ -29,15 +29,15 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 
 from grpo_pipeline.configs.schema import RegistryConfig
-from grpo_pipeline.tasks.card import model_card
-from grpo_pipeline.tasks.common import Checkpoint, logger
-from grpo_pipeline.tasks.curves import CURVE_ARTIFACT, PROBE_METRIC, learning_curve_figure, metric_history
+from grpo_pipeline.tasks.core.common import Checkpoint, logger
+from grpo_pipeline.tasks.core.stage import RunContext, stage
+from grpo_pipeline.tasks.core.tracking import configure_mlflow, registry_lock, require_reachable, tracking_uri
 from grpo_pipeline.tasks.evaluate import EvalResult
-from grpo_pipeline.tasks.gate import ITEMS_ARTIFACT, TAG, GateDecision, current_champion, decide
-from grpo_pipeline.tasks.health import health_tags
-from grpo_pipeline.tasks.lineage import provenance_tags
-from grpo_pipeline.tasks.stage import RunContext, stage
-from grpo_pipeline.tasks.tracking import configure_mlflow, registry_lock, require_reachable, tracking_uri
+from grpo_pipeline.tasks.release.card import model_card
+from grpo_pipeline.tasks.release.gate import ITEMS_ARTIFACT, TAG, GateDecision, current_champion, decide
+from grpo_pipeline.tasks.release.lineage import provenance_tags
+from grpo_pipeline.tasks.scoring.curves import CURVE_ARTIFACT, PROBE_METRIC, learning_curve_figure, metric_history
+from grpo_pipeline.tasks.training.health import health_tags
 
 if TYPE_CHECKING:  # mlflow loads when a version is registered, not when the flow is imported
     import pandas as pd
@@ -316,7 +316,7 @@ def log_transformers_model(path: Path, card: str, max_new_tokens: int) -> ModelI
     from mlflow.types import ColSpec, DataType, ParamSchema, ParamSpec, Schema
     from transformers import AutoModelForCausalLM
 
-    from grpo_pipeline.tasks.training import load_tokenizer
+    from grpo_pipeline.tasks.training.trainer import load_tokenizer
 
     signature = ModelSignature(
         inputs=Schema([ColSpec(DataType.string)]),

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpo_pipeline.configs.schema import ModelConfig, SFTConfig
-from grpo_pipeline.tasks.chat import conversational_dataset
-from grpo_pipeline.tasks.common import Checkpoint, Ref
-from grpo_pipeline.tasks.launch import launched
-from grpo_pipeline.tasks.stage import RunContext, stage
-from grpo_pipeline.tasks.training import adapter_args, load_split, train_policy
+from grpo_pipeline.tasks.core.common import Checkpoint, Ref
+from grpo_pipeline.tasks.core.launch import launched
+from grpo_pipeline.tasks.core.stage import RunContext, stage
+from grpo_pipeline.tasks.scoring.chat import conversational_dataset
+from grpo_pipeline.tasks.training.trainer import adapter_args, load_split, train_policy
 
 if TYPE_CHECKING:  # the training libraries load when SFT runs, not when a cached run imports the flow
     from transformers import PreTrainedTokenizerBase

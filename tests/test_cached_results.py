@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpo_pipeline.tasks.common import Checkpoint, Ref, damaged, fingerprint_path
+from grpo_pipeline.tasks.core.common import Checkpoint, Ref, damaged, fingerprint_path
 from grpo_pipeline.tasks.data import DatasetRefs
 
 

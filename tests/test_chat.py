@@ -14,11 +14,11 @@ from trl.data_utils import is_conversational
 
 from grpo_pipeline.configs.schema import ConfigError, DataConfig, TinyModelConfig, load_config
 from grpo_pipeline.rewards import build_reward
-from grpo_pipeline.tasks import chat
 from grpo_pipeline.tasks.data import DataError, map_columns, prepare_data
 from grpo_pipeline.tasks.evaluate import generate, reward_scores
-from grpo_pipeline.tasks.tiny_model import CHARACTERS, SPECIAL_TOKENS, build_tiny_model, build_tokenizer
-from grpo_pipeline.tasks.training import load_split
+from grpo_pipeline.tasks.scoring import chat
+from grpo_pipeline.tasks.training.tiny_model import CHARACTERS, SPECIAL_TOKENS, build_tiny_model, build_tokenizer
+from grpo_pipeline.tasks.training.trainer import load_split
 from grpo_pipeline.tasks.validate import CHAT_CHECK, DataValidationError, validate_frames
 from tests.helpers import cli_env, micro_overrides, run_cli
 
@@ -154,7 +154,7 @@ def test_a_tokenizer_without_template_is_refused_with_the_fix() -> None:
 
 def test_input_check_counts_rendered_prompts_and_refuses_a_model_without_template(tmp_path: Path) -> None:
     from grpo_pipeline.configs.schema import EvalConfig, GRPOConfig
-    from grpo_pipeline.tasks.common import Checkpoint
+    from grpo_pipeline.tasks.core.common import Checkpoint
     from grpo_pipeline.tasks.preflight import context_problems
 
     path = build_tiny_model(TINY, tmp_path / "m", 0)  # 128 positions

@@ -3,8 +3,8 @@
 import pandas as pd
 
 from grpo_pipeline.rewards import build_reward
-from grpo_pipeline.tasks.curves import PROBE_METRIC, learning_curve_figure
-from grpo_pipeline.tasks.probe import greedy_accuracy
+from grpo_pipeline.tasks.scoring.curves import PROBE_METRIC, learning_curve_figure
+from grpo_pipeline.tasks.training.probe import greedy_accuracy
 
 
 def test_learning_curve_has_every_series_and_the_sft_baseline(tmp_path):

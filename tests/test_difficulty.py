@@ -21,7 +21,8 @@ import pytest
 from mlflow import MlflowClient
 
 from grpo_pipeline.configs.schema import ConfigError, DifficultyFilterConfig, ModelConfig, TinyModelConfig, load_config
-from grpo_pipeline.tasks.common import Checkpoint, Ref, fingerprint_path
+from grpo_pipeline.tasks.core.common import Checkpoint, Ref, fingerprint_path
+from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.difficulty import (
     DifficultyFilterError,
     Rollouts,
@@ -31,7 +32,6 @@ from grpo_pipeline.tasks.difficulty import (
 )
 from grpo_pipeline.tasks.grpo import grpo_train
 from grpo_pipeline.tasks.model import prepare_base_model
-from grpo_pipeline.tasks.stage import RunContext
 from tests.helpers import ROOT, cli_env, micro_overrides, run_cli
 
 N = 8

@@ -1,4 +1,4 @@
-"""Training in more than one process (tasks/launch.py): a GRPO stage with `distributed.num_processes=2` is trained
+"""Training in more than one process (tasks/core/launch.py): a GRPO stage with `distributed.num_processes=2` is trained
 by two processes under `accelerate launch` (DDP on the gloo backend, on CPU), and process 0 alone saves it."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import pytest
 
 from grpo_pipeline.configs.schema import ConfigError, load_config
 from grpo_pipeline.runtime import add_import_paths
+from grpo_pipeline.tasks.core.launch import launch_command
+from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.data import prepare_data
 from grpo_pipeline.tasks.grpo import grpo_train
-from grpo_pipeline.tasks.launch import launch_command
 from grpo_pipeline.tasks.model import prepare_base_model
-from grpo_pipeline.tasks.stage import RunContext
 from tests.helpers import ROOT
 
 STEPS = 3

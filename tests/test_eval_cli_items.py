@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from grpo_pipeline.cli import app
 from grpo_pipeline.configs.schema import TinyModelConfig
-from grpo_pipeline.tasks.tiny_model import build_tiny_model
+from grpo_pipeline.tasks.training.tiny_model import build_tiny_model
 
 TINY = TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_positions=64)
 

@@ -1,4 +1,4 @@
-"""Eval adapters (tasks/eval_formats.py) on the real GSM8K and HumanEval files in ../shared/data and on inline MATH
+"""Eval adapters (tasks/scoring/formats.py) on the real GSM8K and HumanEval files in ../shared/data and on inline MATH
 and MBPP rows: each format's gold answers score 1 through the reward that judges it, wrong ones 0, and pass@k from
 those scores equals brute force. Tests that run programs in the sandbox are marked `integration`."""
 
@@ -18,15 +18,15 @@ import pytest
 
 from grpo_pipeline.rewards import REGISTRY, build_reward
 from grpo_pipeline.tasks.data import DataError
-from grpo_pipeline.tasks.eval_formats import (
+from grpo_pipeline.tasks.evaluate import judge
+from grpo_pipeline.tasks.scoring.formats import (
     FORMATS,
     correctness_reward_for,
     detect_format,
     load_eval_rows,
     mbpp_prompt,
 )
-from grpo_pipeline.tasks.evaluate import judge
-from grpo_pipeline.tasks.metrics import mean_pass_at_k
+from grpo_pipeline.tasks.scoring.metrics import mean_pass_at_k
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 GSM8K = DATA / "gsm8k_test.jsonl"
@@ -103,7 +103,7 @@ def test_correctness_rewards_are_registered() -> None:
 
 def test_module_imports_no_heavy_library() -> None:
     code = (
-        "import sys, grpo_pipeline.tasks.eval_formats; "
+        "import sys, grpo_pipeline.tasks.scoring.formats; "
         "print(sorted(m for m in ('torch', 'transformers', 'trl', 'vllm') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

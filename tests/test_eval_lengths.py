@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from grpo_pipeline.configs.schema import EvalConfig, RewardSpec
 from grpo_pipeline.rewards import build_reward
-from grpo_pipeline.tasks.common import Ref, fingerprint_path
+from grpo_pipeline.tasks.core.common import Ref, fingerprint_path
 from grpo_pipeline.tasks.evaluate import completion_ids, evaluate_model
 
 SPECIAL = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from grpo_pipeline.configs.schema import EvalConfig, RewardSpec, TinyModelConfig
-from grpo_pipeline.tasks import gate
-from grpo_pipeline.tasks.common import Ref, fingerprint_path
+from grpo_pipeline.tasks.core.common import Ref, fingerprint_path
+from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.evaluate import (
     ITEMS_FILE,
     EvalResult,
@@ -23,9 +23,9 @@ from grpo_pipeline.tasks.evaluate import (
     scorer_version,
     summarize,
 )
-from grpo_pipeline.tasks.lineage import provenance_tags
-from grpo_pipeline.tasks.stage import RunContext
-from grpo_pipeline.tasks.tiny_model import build_tiny_model
+from grpo_pipeline.tasks.release import gate
+from grpo_pipeline.tasks.release.lineage import provenance_tags
+from grpo_pipeline.tasks.training.tiny_model import build_tiny_model
 
 TINY = TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_positions=64)
 EVAL = EvalConfig(n_samples=2, k=[1, 2])

@@ -12,7 +12,7 @@ import pytest
 
 from grpo_pipeline.configs.schema import EvalConfig, TinyModelConfig
 from grpo_pipeline.rewards.registry import REGISTRY, RewardError
-from grpo_pipeline.tasks.common import Ref, fingerprint_path
+from grpo_pipeline.tasks.core.common import Ref, fingerprint_path
 from grpo_pipeline.tasks.evaluate import (
     ITEMS_FILE,
     UnscoredError,
@@ -21,8 +21,8 @@ from grpo_pipeline.tasks.evaluate import (
     score_items,
     summarize,
 )
-from grpo_pipeline.tasks.metrics import majority_correct, pass_at_k, scored_pass_at_k
-from grpo_pipeline.tasks.tiny_model import build_tiny_model
+from grpo_pipeline.tasks.scoring.metrics import majority_correct, pass_at_k, scored_pass_at_k
+from grpo_pipeline.tasks.training.tiny_model import build_tiny_model
 
 TINY = TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_positions=64)
 SANDBOX_DOWN = "sandbox error: could not start the program (bwrap: Resource temporarily unavailable)"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from grpo_pipeline.configs.schema import EvalConfig, PipelineConfig, RegistryConfig
 from grpo_pipeline.flows.summary import Summary
-from grpo_pipeline.tasks.card import model_card
-from grpo_pipeline.tasks.common import Checkpoint, Ref
+from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.evaluate import ITEMS_FILE, EvalResult, item_id, summarize
-from grpo_pipeline.tasks.gate import GateDecision
+from grpo_pipeline.tasks.release.card import model_card
+from grpo_pipeline.tasks.release.gate import GateDecision
 
 EVAL = EvalConfig(n_samples=2, k=[1, 2])
 REASON = "sandbox error: could not start the program"

@@ -29,18 +29,18 @@ from mlflow.exceptions import MlflowException, RestException
 
 from grpo_pipeline.configs.schema import RegistryConfig
 from grpo_pipeline.flows.grpo_pipeline import retry_registration
-from grpo_pipeline.tasks.common import Ref
+from grpo_pipeline.tasks.core.common import Ref
+from grpo_pipeline.tasks.core.stage import RunContext
+from grpo_pipeline.tasks.core.tracking import configure_mlflow, gate_limit_name, registry_lock, unreachable
 from grpo_pipeline.tasks.evaluate import ITEMS_FILE, EvalResult, item_id, summarize
-from grpo_pipeline.tasks.gate import (
+from grpo_pipeline.tasks.register import REGISTRATION_TAG, register_policy
+from grpo_pipeline.tasks.release.gate import (
     MIN_SCORED_ITEMS,
     GateDecision,
     current_champion,
     decide,
     item_metric,
 )
-from grpo_pipeline.tasks.register import REGISTRATION_TAG, register_policy
-from grpo_pipeline.tasks.stage import RunContext
-from grpo_pipeline.tasks.tracking import configure_mlflow, gate_limit_name, registry_lock, unreachable
 from tests.test_register import EVAL, eval_set, policy
 
 REWARD = "reward/r"
@@ -348,7 +348,7 @@ def test_two_gates_of_one_model_wait_for_each_other_through_the_prefect_api(tmp_
     """Two runs with their own run directories that share a tracking server and a Prefect API: the second waits
     while the first holds the model's slot, and goes on once it is released."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")  # shared; the lock does not call it
-    from grpo_pipeline.tasks import tracking
+    from grpo_pipeline.tasks.core import tracking
 
     events: list[str] = []
     first_in, release, second_waits, second_in = (threading.Event() for _ in range(4))

@@ -58,11 +58,11 @@ def run_tiny_grpo(run_dir: Path) -> dict[str, list[float]]:
     import mlflow
 
     from grpo_pipeline.configs.schema import load_config
+    from grpo_pipeline.tasks.core.stage import RunContext
     from grpo_pipeline.tasks.data import prepare_data
     from grpo_pipeline.tasks.grpo import grpo_train
     from grpo_pipeline.tasks.model import prepare_base_model
     from grpo_pipeline.tasks.sft import sft_warmup
-    from grpo_pipeline.tasks.stage import RunContext
 
     cfg = load_config(None, [*OVERRIDES, f"run_dir={run_dir}"])
     threads = torch.get_num_threads()

@@ -86,10 +86,10 @@ def train_and_report(model_dir: str, run_dir: str, overrides: list[str], report:
 
     from grpo_pipeline.configs.schema import load_config
     from grpo_pipeline.runtime import setup
+    from grpo_pipeline.tasks.core.stage import RunContext
     from grpo_pipeline.tasks.data import prepare_data
     from grpo_pipeline.tasks.grpo import grpo_train
     from grpo_pipeline.tasks.model import prepare_base_model
-    from grpo_pipeline.tasks.stage import RunContext
 
     cfg = load_config(
         None,

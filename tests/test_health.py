@@ -1,4 +1,4 @@
-"""Training-health alarms (tasks/health.py): the detection logic on synthetic metric sequences and on the readings
+"""Training-health alarms (tasks/training/health.py): the detection logic on synthetic metrics and on the readings
 of a real default-recipe run, then each alarm provoked for real on the tiny model through the GRPO stage
 (`grpo_train`, in-process), and the registry's health rule (an unhealthy round is challenger only)."""
 
@@ -13,9 +13,10 @@ import mlflow
 import pytest
 
 from grpo_pipeline.configs.schema import ConfigError, MonitorsConfig, RegistryConfig, load_config
-from grpo_pipeline.tasks.common import Checkpoint, Ref
-from grpo_pipeline.tasks.gate import GateDecision, health_rule
-from grpo_pipeline.tasks.health import (
+from grpo_pipeline.tasks.core.common import Checkpoint, Ref
+from grpo_pipeline.tasks.core.stage import RunContext
+from grpo_pipeline.tasks.release.gate import GateDecision, health_rule
+from grpo_pipeline.tasks.training.health import (
     HealthMonitor,
     StepRewards,
     TrainingHealthError,
@@ -23,7 +24,6 @@ from grpo_pipeline.tasks.health import (
     health_tags,
     weighted_totals,
 )
-from grpo_pipeline.tasks.stage import RunContext
 
 # Every alarm off; a test turns on the one it is about, so it can assert that exactly that one fires.
 QUIET = {

@@ -14,13 +14,13 @@ import torch
 from safetensors.torch import load_file
 
 from grpo_pipeline.configs.schema import ConfigError, load_config
-from grpo_pipeline.tasks.common import Checkpoint
+from grpo_pipeline.tasks.core.common import Checkpoint
+from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.data import prepare_data
 from grpo_pipeline.tasks.grpo import grpo_train
 from grpo_pipeline.tasks.model import prepare_base_model
 from grpo_pipeline.tasks.sft import sft_warmup
-from grpo_pipeline.tasks.stage import RunContext
-from grpo_pipeline.tasks.training import check_model_runtime, has_cuda
+from grpo_pipeline.tasks.training.trainer import check_model_runtime, has_cuda
 
 TARGETS = ("q_proj", "v_proj")
 

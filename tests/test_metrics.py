@@ -5,7 +5,13 @@ import random
 import pytest
 
 from grpo_pipeline.rewards.math import answer_key
-from grpo_pipeline.tasks.metrics import bootstrap_ci, majority_correct, mean_pass_at_k, paired_bootstrap_ci, pass_at_k
+from grpo_pipeline.tasks.scoring.metrics import (
+    bootstrap_ci,
+    majority_correct,
+    mean_pass_at_k,
+    paired_bootstrap_ci,
+    pass_at_k,
+)
 
 
 def brute_force_pass_at_k(n: int, c: int, k: int) -> float:
@@ -82,7 +88,7 @@ def test_bootstrap_ci_brackets_the_mean_and_shrinks_with_n():
 def test_resampling_in_blocks_draws_the_same_resamples_as_at_once():
     import numpy as np
 
-    from grpo_pipeline.tasks.metrics import resampled_means
+    from grpo_pipeline.tasks.scoring.metrics import resampled_means
 
     values = np.random.default_rng(3).random(37)
     whole = resampled_means(values, 500, seed=5, max_draws=10**9)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_pipeline.tasks.stage import SUBPACKAGES
+from grpo_pipeline.tasks.core.stage import SUBPACKAGES
 from tests.helpers import ROOT
 
 
@@ -26,4 +26,8 @@ def test_the_wheel_installs_only_the_grpo_pipeline_namespace(tmp_path: Path) -> 
     # every design folder is inside the namespace, with its modules and the recipes
     for sub in SUBPACKAGES:
         assert f"grpo_pipeline/{sub}/__init__.py" in names, sub
-    assert "grpo_pipeline/configs/tiny-arith.yaml" in names and "grpo_pipeline/tasks/stage.py" in names
+    assert "grpo_pipeline/configs/tiny-arith.yaml" in names and "grpo_pipeline/tasks/core/stage.py" in names
+    # and every subpackage below them, found without a list (setup.py)
+    for sub in SUBPACKAGES:
+        for init in (ROOT / sub).rglob("__init__.py"):
+            assert f"grpo_pipeline/{init.relative_to(ROOT).as_posix()}" in names, init

@@ -8,10 +8,10 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from grpo_pipeline.tasks.common import Checkpoint, Ref, fingerprint_path
-from grpo_pipeline.tasks.publish import materialize, publish, share_inputs
-from grpo_pipeline.tasks.stage import RunContext
-from grpo_pipeline.tasks.tracking import configure_mlflow
+from grpo_pipeline.tasks.core.common import Checkpoint, Ref, fingerprint_path
+from grpo_pipeline.tasks.core.publish import materialize, publish, share_inputs
+from grpo_pipeline.tasks.core.stage import RunContext
+from grpo_pipeline.tasks.core.tracking import configure_mlflow
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 
 from grpo_pipeline.configs.schema import ConfigError, GRPOConfig, load_config
 from grpo_pipeline.rewards import build_rewards
-from grpo_pipeline.tasks import hub
+from grpo_pipeline.tasks.core import hub
 from grpo_pipeline.tasks.data import load_source
 from grpo_pipeline.tasks.evaluate import reward_columns
 from grpo_pipeline.tasks.grpo import trl_grpo_args

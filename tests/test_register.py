@@ -23,12 +23,12 @@ import pytest
 from mlflow import MlflowClient
 
 from grpo_pipeline.configs.schema import EvalConfig, RegistryConfig, TinyModelConfig
-from grpo_pipeline.tasks.common import Checkpoint, Ref, fingerprint_path
+from grpo_pipeline.tasks.core.common import Checkpoint, Ref, fingerprint_path
+from grpo_pipeline.tasks.core.stage import RunContext
+from grpo_pipeline.tasks.core.tracking import configure_mlflow
 from grpo_pipeline.tasks.evaluate import ITEMS_FILE, EvalResult, evaluate_model, item_id, summarize
 from grpo_pipeline.tasks.register import register_policy
-from grpo_pipeline.tasks.stage import RunContext
-from grpo_pipeline.tasks.tiny_model import build_tiny_model
-from grpo_pipeline.tasks.tracking import configure_mlflow
+from grpo_pipeline.tasks.training.tiny_model import build_tiny_model
 
 EVAL = EvalConfig(n_samples=2, k=[1, 2], max_new_tokens=3, batch_size=64)
 TINY = TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_positions=32)
@@ -148,7 +148,7 @@ def test_degraded_checkpoint_is_evaluated_for_real_and_stays_challenger(tracking
     from transformers import AutoModelForCausalLM
 
     from grpo_pipeline.tasks.evaluate import generate
-    from grpo_pipeline.tasks.training import load_tokenizer
+    from grpo_pipeline.tasks.training.trainer import load_tokenizer
 
     (tracking / "exact_reward.py").write_text(EXACT_REWARD)
     monkeypatch.syspath_prepend(str(tracking))
@@ -302,7 +302,7 @@ def test_registration_through_a_real_mlflow_server(tmp_path, monkeypatch):
 
 
 def test_every_gating_metric_has_per_item_scores(tracking):
-    from grpo_pipeline.tasks.gate import item_metric
+    from grpo_pipeline.tasks.release.gate import item_metric
 
     held_out = eval_set(tracking, 4)
     items = scored(tracking, held_out, [1, 0, 1, 1], "x").items()

@@ -25,9 +25,9 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from grpo_pipeline.configs.schema import RegistryConfig
+from grpo_pipeline.tasks.core.stage import RunContext
+from grpo_pipeline.tasks.core.tracking import TrackingUnavailable, require_reachable, unreachable
 from grpo_pipeline.tasks.register import COMPLETIONS_TABLE, REGISTRATION_TAG, register_policy
-from grpo_pipeline.tasks.stage import RunContext
-from grpo_pipeline.tasks.tracking import TrackingUnavailable, require_reachable, unreachable
 from tests.helpers import ROOT, cli_env, micro_overrides
 from tests.test_register import eval_set, policy, scored
 

@@ -25,13 +25,13 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 from grpo_pipeline.configs.schema import PipelineConfig, load_config
-from grpo_pipeline.tasks import training
-from grpo_pipeline.tasks.checkpoints import SEAL, latest_complete, problem, seal_on_save
-from grpo_pipeline.tasks.common import Checkpoint, Ref
+from grpo_pipeline.tasks.core.common import Checkpoint, Ref
+from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.data import prepare_data
 from grpo_pipeline.tasks.model import prepare_base_model
 from grpo_pipeline.tasks.sft import sft_warmup
-from grpo_pipeline.tasks.stage import RunContext
+from grpo_pipeline.tasks.training import trainer
+from grpo_pipeline.tasks.training.checkpoints import SEAL, latest_complete, problem, seal_on_save
 from tests.helpers import ROOT, cli_env, micro_overrides
 
 STEPS, EVERY, CRASH_AT = 8, 3, 7  # checkpoints at 3 and 6; the crash loses step 7
@@ -84,7 +84,7 @@ def sft(cfg: PipelineConfig) -> Checkpoint:
 def crashed_sft(cfg: PipelineConfig, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Run SFT until the injected fault; returns the stage's resume folder."""
     with monkeypatch.context() as m:
-        m.setattr(training, "seal_callback", CrashingSeal)
+        m.setattr(trainer, "seal_callback", CrashingSeal)
         with pytest.raises(Crash):
             sft(cfg)
     (folder,) = Path(cfg.run_dir).glob("sft/*.resume")

@@ -14,15 +14,15 @@ from pathlib import Path
 import pytest
 
 from grpo_pipeline.configs.schema import EvalConfig, load_config
-from grpo_pipeline.tasks import stage as stage_mod
-from grpo_pipeline.tasks.common import Checkpoint, Ref
+from grpo_pipeline.tasks.core import stage as stage_mod
+from grpo_pipeline.tasks.core.common import Checkpoint, Ref
+from grpo_pipeline.tasks.core.stage import RunContext, code_version, module_closure, user_code
 from grpo_pipeline.tasks.data import DatasetRefs, prepare_data
 from grpo_pipeline.tasks.evaluate import EvalResult, evaluate
 from grpo_pipeline.tasks.grpo import grpo_train
 from grpo_pipeline.tasks.model import prepare_base_model
 from grpo_pipeline.tasks.register import register_policy
 from grpo_pipeline.tasks.sft import sft_warmup
-from grpo_pipeline.tasks.stage import RunContext, code_version, module_closure, user_code
 from grpo_pipeline.tasks.validate import validate_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,18 +149,18 @@ def test_output_directory_is_named_by_the_key(tmp_path: Path) -> None:
     [
         (
             "grpo_pipeline.tasks.data",
-            ["grpo_pipeline.configs.schema", "grpo_pipeline.tasks.common"],
-            ["grpo_pipeline.rewards.format", "grpo_pipeline.tasks.training"],
+            ["grpo_pipeline.configs.schema", "grpo_pipeline.tasks.core.common"],
+            ["grpo_pipeline.rewards.format", "grpo_pipeline.tasks.training.trainer"],
         ),
         (
             "grpo_pipeline.tasks.sft",
-            ["grpo_pipeline.tasks.training", "grpo_pipeline.tasks.tracking"],
+            ["grpo_pipeline.tasks.training.trainer", "grpo_pipeline.tasks.core.tracking"],
             ["grpo_pipeline.rewards.format", "grpo_pipeline.tasks.evaluate"],
         ),
         (
             "grpo_pipeline.tasks.grpo",
             [
-                "grpo_pipeline.tasks.training",
+                "grpo_pipeline.tasks.training.trainer",
                 "grpo_pipeline.rewards.format",
                 "grpo_pipeline.rewards.sandbox",
                 "grpo_pipeline.rewards._harness",
@@ -169,7 +169,7 @@ def test_output_directory_is_named_by_the_key(tmp_path: Path) -> None:
         ),
         (
             "grpo_pipeline.tasks.evaluate",
-            ["grpo_pipeline.rewards.math", "grpo_pipeline.tasks.metrics"],
+            ["grpo_pipeline.rewards.math", "grpo_pipeline.tasks.scoring.metrics"],
             ["grpo_pipeline.tasks.sft", "grpo_pipeline.tasks.grpo", "grpo_pipeline.tasks.register"],
         ),
     ],

@@ -14,7 +14,7 @@ from grpo_pipeline.tasks.data import (
     prepare_data,
     synthetic_functions,
 )
-from grpo_pipeline.tasks.tiny_model import build_tokenizer
+from grpo_pipeline.tasks.training.tiny_model import build_tokenizer
 from grpo_pipeline.tasks.validate import validate_data
 from tests.helpers import ROOT
 

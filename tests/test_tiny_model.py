@@ -3,7 +3,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_pipeline.configs.schema import ModelConfig, TinyModelConfig
 from grpo_pipeline.tasks.model import prepare_base_model
-from grpo_pipeline.tasks.tiny_model import build_tiny_model
+from grpo_pipeline.tasks.training.tiny_model import build_tiny_model
 
 
 def test_char_tokenizer_round_trips_through_from_pretrained(tmp_path):

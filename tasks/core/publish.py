@@ -1,0 +1,101 @@
+"""Files across machines: publish a checkpoint or a data file to the MLflow artifact store, fetch it back by URI.
+
+A GRPO round that runs on another work pool (`grpo.work_pool`) may sit on a machine without this one's disk. Before
+sending the round, the pipeline publishes what the round reads (the start checkpoint to the run that trained it,
+the training data and held-out rows to a run of their own); the worker fetches whatever is not on its disk, and the
+round publishes its own checkpoint to its run for the pipeline and the evaluator to fetch in turn. The tracking
+server proxies artifacts (`mlflow server --serve-artifacts`), so only MLflow's URL has to be reachable. The
+content fingerprint is checked after every fetch.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import TypeVar
+
+from grpo_pipeline.tasks.core.common import Checkpoint, Ref, atomic_dir, fingerprint_path, logger
+from grpo_pipeline.tasks.core.stage import RunContext
+from grpo_pipeline.tasks.core.tracking import configure_mlflow, mlflow_run, tracking_uri
+
+ARTIFACT_PATH = "checkpoint"
+R = TypeVar("R", bound=Ref)
+
+
+def publish(ref: R, run_dir: str, experiment: str, run_id: str | None = None) -> R:
+    """Log `ref`'s directory or file to an MLflow run (a checkpoint's own run, else `run_id`); returns it with
+    `uri` set."""
+    import mlflow
+
+    own_run = isinstance(ref, Checkpoint) and ref.run_id is not None
+    target = ref.run_id if own_run else run_id
+    if target is None:
+        raise ValueError(f"{ref.path} has no MLflow run to publish it to")
+    configure_mlflow(run_dir, experiment)
+    client = mlflow.MlflowClient()
+    local = ref.require()
+    folder = ARTIFACT_PATH if own_run else f"inputs/{ref.fingerprint[:12]}"
+    if local.is_dir():
+        client.log_artifacts(target, str(local), folder)
+        uri = f"runs:/{target}/{folder}"
+    else:
+        client.log_artifact(target, str(local), folder)
+        uri = f"runs:/{target}/{folder}/{local.name}"
+    logger.info("published %s to %s", ref.path, uri)
+    return ref.model_copy(update={"uri": uri})
+
+
+def share_inputs(
+    start: Checkpoint, refs: list[Ref | None], ctx: RunContext, label: str
+) -> tuple[Checkpoint, list[Ref | None]]:
+    """`start` and `refs` with a `uri` each (published now where they have none), for a worker on another machine.
+
+    A checkpoint goes to the run that trained it; data files (and a base model, which has no run) to one run
+    named `<recipe>-<label>-inputs`, created only when something needs it. A hub model needs nothing.
+    """
+    pending = [r for r in [start, *refs] if r is not None and r.uri is None and not _on_hub(r)]
+    if not pending:
+        return start, refs
+    orphans = [r for r in pending if not (isinstance(r, Checkpoint) and r.run_id is not None)]
+    shared: dict[int, Ref] = {}
+    if orphans:
+        with mlflow_run(ctx.run_dir, ctx.experiment, f"{ctx.recipe}-{label}-inputs", {"stage": "inputs"}) as run:
+            inputs_run = run.info.run_id
+        for r in orphans:
+            shared[id(r)] = publish(r, ctx.run_dir, ctx.experiment, inputs_run)
+    for r in pending:
+        if id(r) not in shared:
+            shared[id(r)] = publish(r, ctx.run_dir, ctx.experiment)
+    new_start = shared.get(id(start), start)
+    return new_start, [shared.get(id(r), r) if r is not None else None for r in refs]  # type: ignore[return-value]
+
+
+def _on_hub(ref: Ref) -> bool:
+    return isinstance(ref, Checkpoint) and ref.on_hub
+
+
+def materialize(ref: R, run_dir: str) -> R:
+    """`ref` with a local path: itself when its file or directory is here (or it is a hub model), else a verified
+    download of its `uri` into `<run_dir>/fetched/<fingerprint>`."""
+    import mlflow
+
+    if Path(ref.path).exists() or _on_hub(ref):
+        return ref
+    if ref.uri is None:
+        raise FileNotFoundError(f"{ref.path} is not on this machine and was not published to MLflow")
+    mlflow.set_tracking_uri(tracking_uri(run_dir))
+    out = Path(run_dir).resolve() / "fetched" / ref.fingerprint[:12]
+    is_file = ref.uri.rsplit("/", 1)[-1] == Path(ref.path).name  # `publish` names files in their URI, not folders
+    local = out / Path(ref.path).name if is_file else out
+    if not (local.exists() and fingerprint_path(local) == ref.fingerprint):
+        with atomic_dir(out) as tmp:
+            downloaded = Path(mlflow.artifacts.download_artifacts(artifact_uri=ref.uri, dst_path=str(tmp / "dl")))
+            items = [downloaded] if downloaded.is_file() else list(downloaded.iterdir())
+            for item in items:
+                shutil.move(str(item), tmp / item.name)
+            shutil.rmtree(tmp / "dl", ignore_errors=True)
+            got = fingerprint_path(tmp / local.name if is_file else tmp)
+            if got != ref.fingerprint:
+                raise ValueError(f"{ref.uri} has fingerprint {got[:12]}, expected {ref.fingerprint[:12]}")
+        logger.info("fetched %s into %s", ref.uri, local)
+    return ref.model_copy(update={"path": str(local)})

@@ -1,0 +1,1 @@
+"""Releasing a model: the promotion gate (gate), the model card (card) and the provenance tags (lineage)."""

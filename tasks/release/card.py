@@ -1,0 +1,75 @@
+"""The model card of a registered version: what it is, what it was trained and evaluated on, what the gate decided
+and how to load it. It is the version's description in the MLflow UI and README.md among its artifacts."""
+
+from __future__ import annotations
+
+from grpo_pipeline.configs.schema import RegistryConfig
+from grpo_pipeline.tasks.core.common import Checkpoint
+from grpo_pipeline.tasks.evaluate import EvalResult
+from grpo_pipeline.tasks.release.gate import GateDecision
+
+
+def model_card(
+    cfg: RegistryConfig,
+    policy: Checkpoint,
+    result: EvalResult,
+    baseline: EvalResult | None,
+    gate: GateDecision,
+    tags: dict[str, str],
+    config_yaml: str,
+    prompt: str,
+) -> str:
+    """The card as markdown; `prompt` (an eval prompt) shows how to call the model."""
+    recipe = tags.get("recipe", "?")
+    lines = [
+        f"# {cfg.model_name}: the {policy.stage} policy of recipe `{recipe}`",
+        "",
+        f"Trained by grpo-pipeline ({policy.stage}) from `{tags.get('parent_model', policy.parent)}`; config hash "
+        f"`{tags.get('config_hash', '?')[:12]}`, code `{tags.get('code_version', '?')}`.",
+        "",
+        "## Data",
+        f"- training data fingerprint `{tags.get('data_fingerprint', '?')[:12]}`",
+        f"- eval set fingerprint `{result.eval_fingerprint[:12]}`, {result.num_problems} items",
+        "",
+        f"## Evaluation (n={result.n_samples}, temperature {result.temperature}, top_p {result.top_p}, "
+        f"max new tokens {result.max_new_tokens}, seed {result.seed}; correct means "
+        f"`{result.config.correctness_reward}` gives 1.0, reward code `{result.scorer_version or '?'}`)",
+        "",
+        "| metric | this model | items scored |" + (" before GRPO |" if baseline else ""),
+        "|---|---:|---:|" + ("---:|" if baseline else ""),
+    ]
+    before = baseline.metrics() if baseline else {}
+    for name, value in result.metrics().items():
+        shown = f"{value:.3f}"
+        if name == "accuracy":
+            shown += f" [{result.accuracy_ci[0]:.3f}, {result.accuracy_ci[1]:.3f}]"
+        lines.append(
+            f"| {name} | {shown} | {result.scored(name)}/{result.num_problems} |"
+            + (f" {before[name]:.3f} |" if name in before else (" - |" if baseline else ""))
+        )
+    lines += [
+        "",
+        result.unscored_line()
+        or f"Every completion was scored by the correctness reward `{result.config.correctness_reward}`.",
+    ]
+    lines += [
+        "",
+        "## Promotion gate",
+        f"**{gate.decision}**: {gate.explain()}.",
+        "",
+        "## Load it",
+        "```python",
+        "import mlflow",
+        f'generator = mlflow.transformers.load_model("models:/{cfg.model_name}@champion")',
+        f"print(generator({prompt!r}, max_new_tokens={result.max_new_tokens}, do_sample=False))",
+        f'model = mlflow.pyfunc.load_model("models:/{cfg.model_name}@champion")',
+        f"print(model.predict([{prompt!r}]))",
+        "```",
+        f"Serve it: `mlflow models serve -m models:/{cfg.model_name}@champion --env-manager local`.",
+        "",
+        "## Resolved config",
+        "```yaml",
+        config_yaml.rstrip(),
+        "```",
+    ]
+    return "\n".join(lines) + "\n"

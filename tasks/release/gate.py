@@ -1,0 +1,302 @@
+"""The promotion gate: does the challenger beat the champion by more than sampling noise?
+
+Both models are scored on the same eval items (the challenger's eval; the champion's per-item scores logged with
+its run, or a fresh evaluation of the champion on this eval set when it was scored on a different one or with
+different settings). The difference in the gating metric is resampled item by item (paired bootstrap, Efron &
+Tibshirani 1993, ch. 13; `tasks.metrics.paired_bootstrap_ci`), and the challenger is promoted only when the lower
+bound of its 95% interval is above `registry.min_delta`. The first version of a model is the champion.
+
+The gate decides only on evidence. An item whose gating metric is unscored on either side (None or NaN in items.jsonl,
+or no such column or key) is left out of the pairs, and the decision records how many were used (`n`) and left out
+(`n_excluded`). A challenger that cannot be scored (fewer than MIN_SCORED_ITEMS items left, or more than
+MAX_UNSCORED_SHARE of them unscored) is `unscored`: registered as challenger only, never compared on what is left.
+Only MLflow's answer that the model or its `champion` alias does not exist means "no champion yet"; any other error
+(a server error, a refused permission) propagates, and the register stage retries it.
+
+A GRPO round that raised a training-health alarm (tasks/training/health.py) is registered challenger only, whatever the
+comparison says, unless `registry.allow_unhealthy`: a score that rose while the policy collapsed or the loss went
+NaN is not one to serve.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel
+
+from grpo_pipeline.configs.schema import RegistryConfig
+from grpo_pipeline.tasks.core.common import Ref, logger
+from grpo_pipeline.tasks.core.stage import RunContext
+from grpo_pipeline.tasks.evaluate import ITEMS_FILE, EvalResult, evaluate_model
+from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci
+from grpo_pipeline.tasks.training.health import alarm_kinds
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities.model_registry import ModelVersion
+
+ITEMS_ARTIFACT = f"eval/{ITEMS_FILE}"
+TAG = "gate."
+CHAMPION = "champion"
+# A paired bootstrap on a handful of items gives a percentile interval that is too narrow to mean anything (it
+# undercovers for small n; Efron & Tibshirani 1993, ch. 13): fewer scored items than this decide nothing.
+MIN_SCORED_ITEMS = 10
+# Unscored items are not missing at random (a reward that fails, fails on some completions and not on others), so
+# what remains speaks for the eval set only while the share left out is small.
+MAX_UNSCORED_SHARE = 0.2
+
+
+class GateDecision(BaseModel):
+    """What the gate compared and what it decided; stored as `gate.*` tags on the version."""
+
+    metric: str
+    promote: bool
+    reason: str
+    challenger: float
+    n: int
+    min_delta: float
+    champion: float | None = None
+    champion_version: str | None = None
+    delta: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    # Items left out of `n` because their gating metric was unscored for the challenger or the champion.
+    n_excluded: int = 0
+    # True when too few items were scored to decide (the reason says how many): challenger only.
+    unscored: bool = False
+    # The training-health clause ("" for a healthy round) and whether it alone kept the version from champion.
+    health: str = ""
+    held_back: bool = False
+
+    @property
+    def decision(self) -> str:
+        if self.unscored:
+            return "unscored"
+        if self.held_back:
+            return "unhealthy"
+        if self.champion_version is None:
+            return "first"
+        return "promoted" if self.promote else "kept champion"
+
+    def tags(self) -> dict[str, str]:
+        values = self.model_dump(exclude_none=True)
+        return {f"{TAG}decision": self.decision, **{f"{TAG}{k}": str(v) for k, v in values.items()}}
+
+    @classmethod
+    def from_tags(cls, tags: dict[str, str]) -> GateDecision:
+        fields = {k.removeprefix(TAG): v for k, v in tags.items() if k.startswith(TAG) and k != f"{TAG}decision"}
+        fields["promote"] = fields.get("promote") == "True"
+        fields["held_back"] = fields.get("held_back") == "True"
+        fields["unscored"] = fields.get("unscored") == "True"
+        return cls.model_validate(fields)
+
+    def explain(self) -> str:
+        if self.unscored:
+            return f"{self.metric} not compared: {self.reason}"
+        left_out = f" ({self.n_excluded} unscored left out)" if self.n_excluded else ""
+        if self.champion_version is None:
+            first = f"first version, {self.metric} {self.challenger:.4f} on {self.n} items{left_out}"
+            return f"{first}; {self.health}" if self.health else first
+        return (
+            f"{self.metric} {self.challenger:.4f} vs champion v{self.champion_version} {self.champion:.4f} on the same "
+            f"{self.n} items{left_out}: difference {self.delta:+.4f}, 95% CI [{self.ci_low:+.4f}, "
+            f"{self.ci_high:+.4f}]; {self.reason}"
+        )
+
+
+def item_metric(items: pd.DataFrame, metric: str) -> pd.Series:
+    """The gating metric per eval item, indexed by item id: `accuracy` (greedy correct), `pass_at_<k>`,
+    `maj_at_<k>` or `reward/<name>` (the item's mean reward). An unscored item (None or NaN, or no such column or
+    key in its row) is NaN."""
+
+    def column(name: str) -> pd.Series:
+        return items[name] if name in items else pd.Series(None, index=items.index, dtype=object)
+
+    def key(name: str, k: str) -> pd.Series:
+        return column(name).map(lambda d: d.get(k) if isinstance(d, dict) else None)
+
+    if metric == "accuracy":
+        values = column("greedy_correct")
+    elif metric.startswith(("pass_at_", "maj_at_")):
+        kind, k = metric.rsplit("_", 1)  # pass_at_4 -> the column pass_at_k, key "4"
+        values = key(f"{kind}_k", k)
+    elif metric.startswith("reward/"):
+        values = key("reward_means", metric.removeprefix("reward/"))
+    else:
+        raise ValueError(f"no per-item scores for gating metric {metric!r}")
+    return pd.Series(values.to_numpy(dtype=float, na_value=np.nan), index=items["id"], name=metric)
+
+
+def decide(
+    client: MlflowClient,
+    cfg: RegistryConfig,
+    result: EvalResult,
+    items: pd.DataFrame,
+    ctx: RunContext,
+    alarms: Sequence[str] = (),
+) -> GateDecision:
+    """Compare `result` (the challenger, with its per-item scores `items`) with the current champion of
+    `cfg.model_name` on the same items; `alarms` (the round's training-health alarms) hold it back from champion
+    unless `cfg.allow_unhealthy`."""
+    return health_rule(_compare(client, cfg, result, items, ctx), alarms, cfg)
+
+
+def health_rule(decision: GateDecision, alarms: Sequence[str], cfg: RegistryConfig) -> GateDecision:
+    """A round with training-health alarms takes `champion` only with `registry.allow_unhealthy`; the reason says
+    which alarms it raised and what they decided."""
+    if not alarms:
+        return decision
+    raised = f"the round raised {len(alarms)} training-health alarm(s) ({', '.join(alarm_kinds(alarms))})"
+    if cfg.allow_unhealthy:
+        health = f"{raised}; registry.allow_unhealthy lets it take champion all the same"
+        update = {"health": health}
+    else:
+        health = (
+            f"{raised}, so it is registered as challenger only (registry.allow_unhealthy: true lets such a round "
+            "take champion)"
+        )
+        update = {"health": health, "promote": False, "held_back": decision.promote}
+    return decision.model_copy(update={**update, "reason": f"{decision.reason}; {health}"})
+
+
+def current_champion(client: MlflowClient, model_name: str) -> ModelVersion | None:
+    """The version of `model_name` that holds `champion`, or None when the model or the alias does not exist.
+
+    MLflow 3.17 says "not found" with RESOURCE_DOES_NOT_EXIST for a missing model and with INVALID_PARAMETER_VALUE
+    ("Registered model alias champion not found.", model_registry/sqlalchemy_store.py) for a missing alias; that
+    second code also answers other bad requests, so the model's own aliases confirm it. Any other error (a server
+    error, a refused permission, a store that cannot be read) propagates: it says nothing about the champion."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_model_version_by_alias(model_name, CHAMPION)
+    except MlflowException as e:
+        if e.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise
+        lookup = e
+    try:
+        aliases = client.get_registered_model(model_name).aliases
+    except MlflowException as e:
+        if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return None
+        raise
+    if CHAMPION in aliases:
+        raise lookup  # the alias exists: the lookup failed for another reason
+    return None
+
+
+def _compare(
+    client: MlflowClient, cfg: RegistryConfig, result: EvalResult, items: pd.DataFrame, ctx: RunContext
+) -> GateDecision:
+    """The statistical comparison alone (see the module's docstring)."""
+    ours = item_metric(items, cfg.gating_metric)
+    base = {"metric": cfg.gating_metric, "min_delta": cfg.min_delta}
+    champion = current_champion(client, cfg.model_name)
+    if champion is None:
+        scored = ours.notna()
+        shortfall = _shortfall(ours, scored, "the challenger")
+        if shortfall:
+            return _unscored(base, ours, scored, shortfall)
+        n, n_excluded = int(scored.sum()), int((~scored).sum())
+        challenger = _mean(ours[scored])
+        return GateDecision(
+            **base, promote=True, reason="first version", challenger=challenger, n=n, n_excluded=n_excluded
+        )
+    theirs = item_metric(champion_items(client, champion, result, ctx), cfg.gating_metric).reindex(ours.index)
+    both = ours.notna() & theirs.notna()
+    against = {"champion_version": str(champion.version), "champion": _mean(theirs[both])}
+    shortfall = _shortfall(ours, both, f"both the challenger and champion v{champion.version}", theirs)
+    if shortfall:
+        return _unscored(base, ours, both, shortfall, **against)
+    delta, low, high = paired_bootstrap_ci(theirs[both].tolist(), ours[both].tolist(), seed=ctx.seed)
+    promote = low > cfg.min_delta
+    reason = f"the CI's lower bound is {'' if promote else 'not '}above min_delta {cfg.min_delta}"
+    return GateDecision(
+        **base,
+        promote=promote,
+        reason=reason,
+        challenger=_mean(ours[both]),
+        n=int(both.sum()),
+        n_excluded=int((~both).sum()),
+        **against,
+        delta=delta,
+        ci_low=low,
+        ci_high=high,
+    )
+
+
+def _shortfall(ours: pd.Series, used: pd.Series, whose: str, theirs: pd.Series | None = None) -> str:
+    """Why the items in `used` (a mask over `ours`) are not enough to decide on, or "" when they are."""
+    n, total = int(used.sum()), len(ours)
+    if n >= MIN_SCORED_ITEMS and total - n <= MAX_UNSCORED_SHARE * total:
+        return ""
+    missing = f"{int(ours.isna().sum())} unscored for the challenger"
+    if theirs is not None:
+        missing += f", {int(theirs.isna().sum())} for the champion"
+    return (
+        f"only {n} of {total} items have a {ours.name} score for {whose} ({missing}); the gate needs at least "
+        f"{MIN_SCORED_ITEMS} scored and at most {MAX_UNSCORED_SHARE:.0%} unscored, so it is registered as "
+        "challenger only"
+    )
+
+
+def _unscored(base: dict, ours: pd.Series, used: pd.Series, reason: str, **against: object) -> GateDecision:
+    return GateDecision(
+        **base,
+        promote=False,
+        unscored=True,
+        reason=reason,
+        challenger=_mean(ours[used]),
+        n=int(used.sum()),
+        n_excluded=int((~used).sum()),
+        **against,
+    )
+
+
+def _mean(values: pd.Series) -> float:
+    """The mean of `values`, NaN (not a warning) when there are none."""
+    return float(values.mean()) if len(values) else float("nan")
+
+
+def champion_items(client: MlflowClient, champion: ModelVersion, result: EvalResult, ctx: RunContext) -> pd.DataFrame:
+    """The champion's per-item scores on `result`'s eval set with `result`'s settings: the ones logged with its run
+    when they match, else a fresh evaluation of the champion (kept under the run directory)."""
+    settings = {k: str(v) for k, v in result.settings().items()}
+    if all(champion.tags.get(k) == v for k, v in settings.items()):
+        logged = _logged_items(champion.run_id)
+        if logged is not None:
+            return logged
+    from grpo_pipeline.tasks.model import fetch_registered
+
+    logger.info(
+        "scoring champion v%s on this eval set (it was scored on another or with other settings)", champion.version
+    )
+    scratch = Path(ctx.run_dir).resolve() / "champion" / f"{champion.name}-v{champion.version}"
+    model_dir = fetch_registered(champion, ctx.run_dir, scratch / "model")
+    rescored = evaluate_model(
+        str(model_dir),
+        Ref(path=result.eval_path, fingerprint=result.eval_fingerprint),
+        result.config,
+        seed=result.seed,
+        out=scratch / f"eval-{result.eval_fingerprint[:12]}",
+        rewards=result.rewards,
+        label=f"champion v{champion.version}",
+    )
+    return rescored.items()
+
+
+def _logged_items(run_id: str) -> pd.DataFrame | None:
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=ITEMS_ARTIFACT, dst_path=tmp)
+        except (MlflowException, OSError):
+            return None
+        return pd.read_json(path, lines=True, dtype=False)

@@ -1,0 +1,67 @@
+"""The GRPO learning-curve plot: sampled reward and accuracy, and the held-out probe (tasks/training/probe.py) per step.
+
+Drawn from the GRPO run's MLflow metrics after training and logged to the same run as `plots/learning_curve.png`.
+matplotlib loads only when a figure is drawn.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+PROBE_METRIC = "probe/greedy_accuracy"
+CURVE_ARTIFACT = "plots/learning_curve.png"
+
+
+def learning_curve_figure(
+    history: dict[str, list[tuple[int, float]]],
+    sft_accuracy: float | None,
+    final_accuracy: float | None = None,
+    title: str = "GRPO learning curve",
+) -> Figure:
+    """Mean sampled reward, sampled accuracy and the held-out greedy-accuracy probe per step, with the SFT
+    checkpoint's held-out greedy accuracy as a baseline line. `history` maps metric name -> [(step, value)]."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on workers and CI
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    styles = {
+        "reward": ("mean sampled reward (weighted sum)", "tab:blue", "-"),
+        "rewards/correctness/mean": ("sampled accuracy (training prompts)", "tab:orange", "-"),
+        PROBE_METRIC: ("greedy accuracy, held-out probe", "tab:green", "o-"),
+    }
+    for key, (label, color, style) in styles.items():
+        points = sorted(history.get(key, []))
+        if points:
+            steps, values = zip(*points, strict=True)
+            ax.plot(steps, values, style, color=color, label=label, markersize=3, linewidth=1.4)
+    if sft_accuracy is not None:
+        ax.axhline(
+            sft_accuracy, color="gray", linestyle="--", linewidth=1, label=f"SFT greedy accuracy ({sft_accuracy:.3f})"
+        )
+    if final_accuracy is not None:
+        last = max((s for pts in history.values() for s, _ in pts), default=0)
+        ax.plot(
+            [last],
+            [final_accuracy],
+            "*",
+            color="tab:red",
+            markersize=11,
+            label=f"GRPO greedy accuracy ({final_accuracy:.3f})",
+        )
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("reward / accuracy")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def metric_history(client: Any, run_id: str, keys: list[str]) -> dict[str, list[tuple[int, float]]]:
+    """[(step, value)] per metric key of an MLflow run (missing keys give empty lists)."""
+    return {k: [(m.step, m.value) for m in client.get_metric_history(run_id, k)] for k in keys}
