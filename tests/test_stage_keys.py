@@ -205,6 +205,66 @@ def test_editing_a_module_changes_the_code_version_of_its_importers_only(tmp_pat
     assert [m for m in before if before[m] != after[m]] == ["a", "b", "c", "d"]
 
 
+def test_a_moved_module_still_keys_the_stages_that_import_it(tmp_path, monkeypatch):
+    """Modules in subpackages (tasks/training/trainer.py) are part of the closure of the stages that import them."""
+    real = stage_mod.package_modules()
+    assert "grpo_pipeline.tasks.training.trainer" in real and "grpo_pipeline.tasks.core.stage" in real
+    edited = tmp_path / "trainer.py"
+    edited.write_text(real["grpo_pipeline.tasks.training.trainer"].read_text() + "\nEDITED = 1\n")
+    stages = ["grpo_pipeline.tasks.data", "grpo_pipeline.tasks.sft", "grpo_pipeline.tasks.grpo"]
+    code_version.cache_clear()
+    before = {m: code_version(m) for m in stages}
+    monkeypatch.setattr(stage_mod, "package_modules", lambda: {**real, "grpo_pipeline.tasks.training.trainer": edited})
+    code_version.cache_clear()
+    after = {m: code_version(m) for m in stages}
+    code_version.cache_clear()
+    assert [m.rsplit(".", 1)[1] for m in stages if before[m] != after[m]] == ["sft", "grpo"]
+
+
+MODULE = '''"""A module."""
+
+from pydantic import BaseModel, Field
+
+
+class Section(BaseModel):
+    """A section."""
+
+    steps: int = Field(default=3, ge=1, description="Optimizer steps.")
+
+
+def double(x: int) -> int:
+    """Twice x."""
+    return 2 * x  # the factor
+'''
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "reruns"),
+    [
+        ("# the factor", "# the factor, see the paper", False),
+        ('"""Twice x."""', '"""Twice x, as in eq. 2."""', False),
+        ('"""A module."""', '"""A module of the pipeline."""', False),
+        ('description="Optimizer steps."', 'description="Optimizer steps " "(not micro-batches)."', False),
+        ("return 2 * x", "return 3 * x", True),
+        ("default=3", "default=4", True),
+        ('"""Twice x."""\n    ', "", False),
+    ],
+)
+def test_code_version_follows_code_not_prose(tmp_path, monkeypatch, old: str, new: str, reruns: bool):
+    path = tmp_path / "m.py"
+    monkeypatch.setattr(stage_mod, "package_modules", lambda: {"grpo_pipeline.tasks.m": path})
+
+    def version(text: str) -> str:
+        path.write_text(text)
+        code_version.cache_clear()
+        return code_version("grpo_pipeline.tasks.m")
+
+    assert old in MODULE
+    changed = version(MODULE) != version(MODULE.replace(old, new))
+    code_version.cache_clear()
+    assert changed == reruns
+
+
 # ----------------------------------------------------------------------------- user code
 
 

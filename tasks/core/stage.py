@@ -2,9 +2,10 @@
 
 A stage's key covers everything that can change its result:
   - its inputs: the config section and the fingerprinted artifacts (`Ref`s) it takes, as JSON;
-  - the project code it runs: the source of its module and of every `grpo_pipeline` module that module imports,
-    transitively (an edit to a reward or to the trainer scaffold reruns the stages that use it, and only those),
-    plus the versions of the libraries that do the numerical work;
+  - the project code it runs: the code of its module and of every `grpo_pipeline` module that module imports,
+    transitively, subpackages included (an edit to a reward or to the trainer scaffold reruns the stages that use
+    it, and only those), plus the versions of the libraries that do the numerical work. Code, not prose: the
+    docstrings, comments and field descriptions are left out, so a documentation edit reruns nothing;
   - what it reads from outside its arguments: the source of the user's own code it calls (the modules behind
     dotted-path rewards, `my_rewards:fn`), the content of a local base-model directory.
 
@@ -129,13 +130,45 @@ def module_closure(module: str) -> set[str]:
 
 @functools.cache
 def code_version(module: str) -> str:
-    """Hash of the source of `module_closure(module)` and of the library versions."""
+    """Hash of the code (not the prose, see `code_text`) of `module_closure(module)` and of the library versions."""
     known = package_modules()
     h = hashlib.sha256()
     for name in sorted(module_closure(module)):
-        h.update(name.encode() + b"\0" + known[name].read_bytes() + b"\0")
+        h.update(name.encode() + b"\0" + code_text(known[name]).encode() + b"\0")
     h.update(json.dumps(library_versions(), sort_keys=True).encode())
     return h.hexdigest()
+
+
+# Keyword arguments that hold documentation: pydantic's `Field(description=...)`, typer's and argparse's `help=`.
+PROSE_KEYWORDS = frozenset({"description", "help", "rich_help_panel"})
+
+
+def code_text(file: Path) -> str:
+    """The module's code without its prose: the dump of its AST (which holds no comments) with docstrings and
+    the string values of `PROSE_KEYWORDS` arguments removed, so a documentation edit reruns no stage."""
+    return ast.dump(_Unprosed().visit(ast.parse(file.read_text(), str(file))))
+
+
+class _Unprosed(ast.NodeTransformer):
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        body = getattr(node, "body", None)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and body:
+            first = body[0]
+            if isinstance(first, ast.Expr) and _is_text(first.value):
+                node.body = body[1:] or [ast.Pass()]
+        return super().generic_visit(node)
+
+    def visit_keyword(self, node: ast.keyword) -> ast.keyword:
+        if node.arg in PROSE_KEYWORDS and _is_text(node.value):
+            return ast.keyword(arg=node.arg, value=ast.Constant(value=""))
+        return self.generic_visit(node)
+
+
+def _is_text(node: ast.expr) -> bool:
+    """A string literal, possibly implicitly concatenated or joined with `+`."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str)
+    return isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and _is_text(node.left) and _is_text(node.right)
 
 
 @functools.cache
