@@ -4,8 +4,10 @@ registered version on loopback and answers /invocations."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -21,6 +23,7 @@ from mlflow import MlflowClient
 
 from grpo_pipeline.serve_model import serve_command
 from grpo_pipeline.stack import free_port
+from grpo_pipeline.tasks.release.card import serve_line
 from tests.helpers import ROOT, cli_env
 
 pytestmark = pytest.mark.integration
@@ -69,25 +72,33 @@ def bare_env(tmp: Path) -> dict[str, str]:
     return env
 
 
-@pytest.fixture
-def server(registry: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen, int]]:
-    """`grpo-pipeline serve-model models:/adder@champion` on a free loopback port, stopped whatever happens."""
-    port = free_port()
-    args = [CLI, "serve-model", "models:/adder@champion", "--run-dir", str(registry), "--port", str(port)]
+@contextlib.contextmanager
+def serving(args: list[str], tmp_path: Path) -> Iterator[subprocess.Popen]:
+    """`args` started from the repo root with the venv off PATH, stopped whatever happens (with the uvicorn it
+    started: the whole process group)."""
     log = (tmp_path / "serve.log").open("w")
     proc = subprocess.Popen(args, cwd=ROOT, env=bare_env(tmp_path), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)  # fmt: skip
     try:
-        yield proc, port
+        yield proc
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # the server and the uvicorn it started
+            os.killpg(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         log.close()
+
+
+@pytest.fixture
+def server(registry: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen, int]]:
+    """`grpo-pipeline serve-model models:/adder@champion` on a free loopback port."""
+    port = free_port()
+    args = [CLI, "serve-model", "models:/adder@champion", "--run-dir", str(registry), "--port", str(port)]
+    with serving(args, tmp_path) as proc:
+        yield proc, port
 
 
 def post(port: int, body: dict) -> dict:
@@ -118,6 +129,21 @@ def test_serve_model_answers_invocations_without_the_venv_on_path(server, tmp_pa
     proc, port = server
     wait_until_up(proc, port, tmp_path / "serve.log")
     assert post(port, {"inputs": ["47+38=", "2+2="]}) == {"predictions": ["85", "4"]}
+
+
+def test_the_model_cards_serve_line_works_as_written(registry, tmp_path):
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{registry / 'mlflow.db'}")  # as in the register stage
+    try:
+        line = serve_line("adder")
+    finally:
+        mlflow.set_tracking_uri(previous)
+    args = shlex.split(line)
+    assert args[0] == CLI and args[-2:] == ["--port", "5001"]
+    port = free_port()  # the card's port may be taken here; everything else runs as the card writes it
+    with serving([*args[:-1], str(port)], tmp_path) as proc:
+        wait_until_up(proc, port, tmp_path / "serve.log")
+        assert post(port, {"inputs": ["1+2="]}) == {"predictions": ["3"]}
 
 
 def test_a_model_the_registry_does_not_hold_is_one_error(registry, tmp_path):

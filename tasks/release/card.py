@@ -3,6 +3,11 @@ and how to load it. It is the version's description in the MLflow UI and README.
 
 from __future__ import annotations
 
+import json
+import shlex
+import sys
+from pathlib import Path
+
 from grpo_pipeline.configs.schema import RegistryConfig
 from grpo_pipeline.tasks.core.common import Checkpoint
 from grpo_pipeline.tasks.evaluate import EvalResult
@@ -65,7 +70,8 @@ def model_card(
         f'model = mlflow.pyfunc.load_model("models:/{cfg.model_name}@champion")',
         f"print(model.predict([{prompt!r}]))",
         "```",
-        f"Serve it: `mlflow models serve -m models:/{cfg.model_name}@champion --env-manager local`.",
+        f"Serve it: `{serve_line(cfg.model_name)}`, then POST `{json.dumps({'inputs': [prompt]})}` to "
+        "http://127.0.0.1:5001/invocations (Content-Type: application/json).",
         "",
         "## Resolved config",
         "```yaml",
@@ -73,3 +79,22 @@ def model_card(
         "```",
     ]
     return "\n".join(lines) + "\n"
+
+
+def serve_line(model_name: str) -> str:
+    """The command that serves the champion as written, from any shell: this installation's `grpo-pipeline
+    serve-model` by its absolute path (it puts the interpreter's bin directory, where MLflow's server finds uvicorn,
+    first on PATH) with the tracking URI of the registry this version is in."""
+    import mlflow
+
+    cli = Path(sys.executable).with_name("grpo-pipeline")
+    command = [str(cli)] if cli.exists() else [sys.executable, "-m", "grpo_pipeline.cli"]
+    args = [
+        "serve-model",
+        f"models:/{model_name}@champion",
+        "--tracking-uri",
+        mlflow.get_tracking_uri(),
+        "--port",
+        "5001",
+    ]
+    return shlex.join([*command, *args])
