@@ -23,6 +23,7 @@ import contextvars
 import difflib
 import functools
 import importlib
+import importlib.util
 import inspect
 import logging
 import numbers
@@ -32,6 +33,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -94,6 +96,13 @@ def _import_dotted(path: str) -> Any:
             f"reward {path!r} is neither registered nor a 'pkg.module:function' path; {hint}"
             f"registered: {', '.join(sorted(REGISTRY))}"
         )
+    shadowed = _project_folder(module_name)
+    if shadowed:
+        raise RewardError(
+            f"reward {path!r}: module {module_name!r} resolves to the project's own folder {shadowed}, not to a module "
+            f"of yours (the project's folders import only as grpo_pipeline.*); put {module_name.replace('.', '/')}.py "
+            "beside the recipe or in the working directory, or install its package"
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
@@ -110,6 +119,23 @@ def _import_dotted(path: str) -> Any:
         return getattr(module, attr)
     except AttributeError:
         raise RewardError(f"reward {path!r}: module {module_name!r} has no attribute {attr!r}") from None
+
+
+def _project_folder(module_name: str) -> str | None:
+    """The project's design folder (rewards/, tasks/, ...) that `module_name` would import from under its bare name,
+    when the checkout is still on sys.path (pytest's rootdir, a process started there); None otherwise.
+
+    Only the lookup runs, nothing is imported: importing the folder as `rewards` would run its modules a second time,
+    beside `grpo_pipeline.rewards`."""
+    from grpo_pipeline.runtime import source_roots
+
+    top = module_name.partition(".")[0]
+    if top not in ("configs", "flows", "tasks", "rewards") or top in sys.modules:
+        return None
+    spec = importlib.util.find_spec(top)
+    locations = (spec.submodule_search_locations or []) if spec else []
+    roots = source_roots()
+    return next((str(Path(loc)) for loc in locations if Path(loc).resolve().parent in roots), None)
 
 
 def build_reward(

@@ -78,3 +78,13 @@ def test_the_design_folders_do_not_import_by_bare_name_in_the_cli(tmp_path, laun
     proc = score(tmp_path, launcher, "import_probe:reward", IMPORT_PROBE_OUT=str(found))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads(found.read_text()) == {"configs": None, "flows": None, "tasks": None, "rewards": None}
+
+
+def test_a_dotted_path_into_a_design_folder_is_refused_without_importing_it(monkeypatch):
+    from grpo_pipeline.rewards.registry import RewardError, build_reward
+
+    monkeypatch.syspath_prepend(str(ROOT))  # a process started in the checkout, before the CLI sorts sys.path
+    monkeypatch.delitem(sys.modules, "rewards", raising=False)
+    with pytest.raises(RewardError, match=r"'rewards' resolves to the project's own folder .*grpo_pipeline\.\*"):
+        build_reward("rewards:my_reward")
+    assert "rewards" not in sys.modules
