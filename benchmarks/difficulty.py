@@ -62,7 +62,7 @@ def pipeline_seed(config: Path, run_dir: Path, overrides: list[str]) -> dict:
     off = run_pipeline(config, run_dir, overrides)
     off_items = latest_items(run_dir, "r2")
     on = run_pipeline(config, run_dir, [*overrides, FILTER_ON])
-    if not any(s["stage"] == "grpo_train-r1" and s["cached"] for s in on["summary"]["stages"]):
+    if not any(s["stage"] == "grpo-round1" and s["cached"] for s in on["summary"]["stages"]):
         raise SystemExit("round 1 was not taken from the cache in the filtered run; the two arms do not share it")
     stage_s = {s["stage"]: s["seconds"] for s in on["summary"]["stages"]}
     return {
@@ -70,8 +70,8 @@ def pipeline_seed(config: Path, run_dir: Path, overrides: list[str]) -> dict:
         "off": off_items,
         "on": latest_items(run_dir, "r2"),
         "filter": on["summary"]["difficulty_filters"][0],
-        "seconds": {"filter": stage_s["difficulty_filter-r2"], "grpo_r2_on": stage_s["grpo_train-r2"],
-                    "grpo_r2_off": {s["stage"]: s["seconds"] for s in off["summary"]["stages"]}["grpo_train-r2"]},
+        "seconds": {"filter": stage_s["difficulty_filter-r2"], "grpo_r2_on": stage_s["grpo-round2"],
+                    "grpo_r2_off": {s["stage"]: s["seconds"] for s in off["summary"]["stages"]}["grpo-round2"]},
     }  # fmt: skip
 
 
@@ -85,7 +85,7 @@ def round_one(cfg: PipelineConfig, run_dir: Path) -> tuple[Ref, Ref, Checkpoint]
     found = [p.parent for p in (run_dir / "grpo-round1").glob("*/meta.json")]
     if len(found) != 1:
         raise SystemExit(f"expected one round-1 policy under {run_dir / 'grpo-round1'}, found {len(found)}")
-    policy = Checkpoint(path=str(found[0]), fingerprint=fingerprint_path(found[0]), stage="grpo-r1")
+    policy = Checkpoint(path=str(found[0]), fingerprint=fingerprint_path(found[0]), stage="grpo-round1")
     return train, held_out, policy
 
 

@@ -61,7 +61,7 @@ PLAIN_LOOP = textwrap.dedent("""
     policy = timed("sft_warmup", sft_warmup, policy, data.train, cfg.sft, cfg.model, ctx)
     baseline = timed("evaluate-sft", evaluate, policy, data.eval, cfg.eval, ctx, label="sft")
     for r in range(1, cfg.grpo.rounds + 1):
-        policy = timed(f"grpo_train-r{r}", grpo_train, policy, data.train, cfg.grpo, cfg.model, r, ctx, data.eval,
+        policy = timed(f"grpo-round{r}", grpo_train, policy, data.train, cfg.grpo, cfg.model, r, ctx, data.eval,
                        cfg.eval.correctness_reward)
         result = timed(f"evaluate-r{r}", evaluate, policy, data.eval, cfg.eval, ctx, label=f"r{r}")
         timed(f"register-r{r}", register_policy, policy, result, baseline, cfg.registry, ctx, cfg.to_yaml(),

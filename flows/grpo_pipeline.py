@@ -1,7 +1,7 @@
 """The pipeline as one Prefect flow. It reads top to bottom like the DAG it runs:
 
-    prepare_data -> validate_data -> base_model -> sft_warmup -> evaluate(sft)
-        -> [round r = 1..R: (difficulty_filter(r)) -> grpo_train(r) -> evaluate(r) -> register(r)]
+    prepare_data -> validate_data -> pin_model -> base_model -> check_inputs -> sft_warmup -> evaluate(sft)
+        -> [grpo_round(r), r = 1..R: (difficulty_filter(r)) -> grpo_train(r) -> evaluate(r) -> register(r)]
 
 Each stage is a thin Prefect task over a plain function in tasks/ (usable without Prefect). Tasks exchange paths
 plus content fingerprints, never models or DataFrames. A stage's cache key is the one key that also names its
@@ -14,23 +14,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from prefect import Task, flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
-from grpo_pipeline.configs.schema import ConfigError, PipelineConfig, load_config
+from grpo_pipeline.configs.schema import ConfigError, ModelConfig, PipelineConfig, load_config
 from grpo_pipeline.flows.grpo_train import remote_grpo_train
-from grpo_pipeline.flows.summary import StageRecord, Summary
+from grpo_pipeline.flows.summary import Round, StageRecord, Summary
 from grpo_pipeline.rewards.registry import RewardError
 from grpo_pipeline.runtime import setup
-from grpo_pipeline.tasks.core.common import damaged
+from grpo_pipeline.tasks.core.common import Checkpoint, damaged
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.core.tracking import unreachable
-from grpo_pipeline.tasks.data import DataError
+from grpo_pipeline.tasks.data import DataError, DatasetRefs
 from grpo_pipeline.tasks.data import prepare_data as _prepare_data
-from grpo_pipeline.tasks.difficulty import DifficultyResult, Rollouts, filters_round
+from grpo_pipeline.tasks.difficulty import Rollouts, filters_round
 from grpo_pipeline.tasks.difficulty import filter_by_difficulty as _filter_by_difficulty
 from grpo_pipeline.tasks.evaluate import EvalResult
 from grpo_pipeline.tasks.evaluate import evaluate as _evaluate
@@ -38,7 +40,7 @@ from grpo_pipeline.tasks.grpo import grpo_train as _grpo_train
 from grpo_pipeline.tasks.model import pin_registered, prepare_base_model
 from grpo_pipeline.tasks.preflight import PreflightError, check_config
 from grpo_pipeline.tasks.preflight import check_inputs as _check_inputs
-from grpo_pipeline.tasks.register import Registration, register_policy
+from grpo_pipeline.tasks.register import register_policy
 from grpo_pipeline.tasks.sft import sft_warmup as _sft_warmup
 from grpo_pipeline.tasks.training.health import TrainingHealthError
 from grpo_pipeline.tasks.training.trainer import check_model_runtime
@@ -76,32 +78,36 @@ def retry_registration(task: Task, task_run: Any, state: Any) -> bool:
     return True
 
 
+RETRIED: dict[str, Any] = {
+    "retries": STAGE_RETRIES,
+    "retry_delay_seconds": 5,
+    "retry_condition_fn": retry_unless_bad_input,
+}
+
+
 def stage_task(fn: Callable[..., Any], name: str, **options: Any) -> Task:
     """A Prefect task over a stage function, cached under the stage's own key (see tasks/core/stage.py)."""
-    defaults: dict[str, Any] = {
-        "retries": STAGE_RETRIES,
-        "retry_delay_seconds": 5,
-        "retry_condition_fn": retry_unless_bad_input,
-    }
-    return task(fn, name=name, cache_key_fn=fn.stage.cache_key, persist_result=True, **{**defaults, **options})
+    return task(fn, name=name, cache_key_fn=fn.stage.cache_key, persist_result=True, **{**RETRIED, **options})
 
 
 prepare_data = stage_task(_prepare_data, "prepare_data")
 validate_data = stage_task(_validate_data, "validate_data")
+# An alias (models:/x@champion) names one version for the whole run; resolved afresh by every run, never cached.
+pin_model = task(pin_registered, name="pin_model", cache_policy=NO_CACHE, **RETRIED)
 base_model = stage_task(prepare_base_model, "base_model")
 check_inputs = stage_task(_check_inputs, "check_inputs")
 sft_warmup = stage_task(_sft_warmup, "sft_warmup")
 difficulty_filter = stage_task(_filter_by_difficulty, "difficulty_filter", task_run_name="difficulty_filter-{label}")
-grpo_train = stage_task(_grpo_train, "grpo_train", task_run_name="grpo_train-r{round_index}")
-# The same stage on another work pool (grpo.work_pool), keyed like the local one. Not retried here: a failed round
-# fails the pipeline with the round's own error (the child flow run keeps its logs).
+grpo_train = stage_task(_grpo_train, "grpo_train", task_run_name="grpo-round{round_index}")
+# The same stage on another work pool (grpo.work_pool), keyed like the local one, and retried like it: a child flow
+# run that failed for a passing reason runs again; bad input fails at once with the round's own error.
 grpo_train_remote = task(
     remote_grpo_train,
     name="grpo_train",
-    task_run_name="grpo_train-r{round_index}",
+    task_run_name="grpo-round{round_index}",
     cache_key_fn=_grpo_train.stage.cache_key,
     persist_result=True,
-    retry_condition_fn=retry_unless_bad_input,
+    **RETRIED,
 )
 evaluate = stage_task(_evaluate, "evaluate", task_run_name="evaluate-{label}")
 # Registration outlasts an MLflow outage (a server restart, a deploy): the training it registers is done and cached,
@@ -117,23 +123,34 @@ register = stage_task(
 )
 
 
-def _run(records: list[StageRecord], record_name: str, stage: Task, /, *args: Any, **kwargs: Any) -> Any:
-    """Run a task, record its wall time and whether it came from the cache, and return its result.
+@dataclass
+class Stages:
+    """Runs the flow's stages: each run's wall time, cache hit and resume point are recorded for the run summary.
 
-    A cached result is used only while the files it points to are intact; otherwise the stage is rebuilt."""
-    start = time.perf_counter()
-    state = stage(*args, return_state=True, **kwargs)
-    if state.name == "Cached" and (problems := damaged(state.result())):
-        get_run_logger().warning(
-            "%s: not using the cached result (%s); rebuilding it", record_name, "; ".join(problems)
-        )
-        state = stage.with_options(refresh_cache=True)(*args, return_state=True, **kwargs)
-    seconds = time.perf_counter() - start
-    result, cached = state.result(), state.name == "Cached"
-    resumed = getattr(result, "resumed_from_step", None)
-    note = f"resumed from step {resumed}" if resumed is not None and not cached else ""
-    records.append(StageRecord(stage=record_name, seconds=seconds, cached=cached, state=state.name, note=note))
-    return result
+    A cached result is used only while the files it points to are intact; otherwise the stage is rebuilt.
+    Checks (`listed=False`) run the same way but stay out of the summary's table of stages."""
+
+    records: list[StageRecord] = field(default_factory=list)
+
+    def __call__(self, name: str, stage: Task, /, *, listed: bool = True, **inputs: Any) -> Any:
+        start = time.perf_counter()
+        state = stage(return_state=True, **inputs)
+        if state.name == "Cached" and (problems := damaged(state.result())):
+            get_run_logger().warning("%s: not using the cached result (%s); rebuilding it", name, "; ".join(problems))
+            state = stage.with_options(refresh_cache=True)(return_state=True, **inputs)
+        seconds = time.perf_counter() - start
+        result, cached = state.result(), state.name == "Cached"
+        resumed = getattr(result, "resumed_from_step", None)
+        note = f"resumed from step {resumed}" if resumed is not None and not cached else ""
+        if listed:
+            self.records.append(StageRecord(stage=name, seconds=seconds, cached=cached, state=state.name, note=note))
+        return result
+
+
+def resolve_config(config: PipelineConfig | None, recipe: str | None, overrides: list[str] | None) -> PipelineConfig:
+    if config is not None and (recipe or overrides):
+        raise ConfigError("give the flow either `config` or `recipe`/`overrides`, not both")
+    return config if config is not None else load_config(recipe, overrides or [])
 
 
 @flow(name="grpo-pipeline", log_prints=False)
@@ -147,92 +164,95 @@ def grpo_pipeline(
     Give either the whole `config`, or a `recipe` (a YAML path, relative to the working directory) with
     `overrides` (`key.sub=value` strings, as on the command line); neither means the defaults.
     """
-    if config is not None and (recipe or overrides):
-        raise ConfigError("give the flow either `config` or `recipe`/`overrides`, not both")
-    cfg = config if config is not None else load_config(recipe, overrides or [])
+    cfg = resolve_config(config, recipe, overrides)
     setup(cfg)
     check_config(cfg)  # run dir, rewards, base model path: fail before any stage runs
     check_model_runtime(cfg.model)  # 4-bit weights need CUDA
-    logger = get_run_logger()
-    ctx = RunContext.of(cfg)
-    records: list[StageRecord] = []
+    ctx, run = RunContext.of(cfg), Stages()
 
-    data = _run(records, "prepare_data", prepare_data, cfg.data, cfg.run_dir)
-    data = _run(records, "validate_data", validate_data, data, cfg.data)
-    model_cfg = pin_registered(cfg.model, cfg.run_dir)  # an alias (models:/x@champion) names one version this run
-    base = policy = _run(records, "base_model", base_model, model_cfg, cfg.run_dir, cfg.seed)
+    data = run("prepare_data", prepare_data, cfg=cfg.data, run_dir=cfg.run_dir)
+    data = run("validate_data", validate_data, refs=data, cfg=cfg.data)
+    model_cfg = run("pin_model", pin_model, listed=False, cfg=cfg.model, run_dir=cfg.run_dir)
+    base = run("base_model", base_model, cfg=model_cfg, run_dir=cfg.run_dir, seed=cfg.seed)
     # Before anything trains: rewards score real rows, prompts fit the context, one GRPO batch of rows exists.
-    # A check, not a stage: cached like one, but not listed in the run summary.
-    check_inputs(data, base, cfg.grpo, cfg.eval, cfg.sft.enabled)
+    run(
+        "check_inputs", check_inputs, listed=False,
+        data=data, base=base, grpo=cfg.grpo, eval_cfg=cfg.eval, sft_enabled=cfg.sft.enabled,
+    )  # fmt: skip
+    policy, label = base, "base"
     if cfg.sft.enabled:
-        policy = _run(records, "sft_warmup", sft_warmup, policy, data.train, cfg.sft, model_cfg, ctx)
-    rewards = cfg.grpo.rewards
-    baseline = _run(records, "evaluate-sft", evaluate, policy, data.eval, cfg.eval, ctx, label="sft", rewards=rewards)
+        policy = run("sft_warmup", sft_warmup, base=base, train=data.train, cfg=cfg.sft, model_cfg=model_cfg, ctx=ctx)
+        label = "sft"
+    baseline = run(
+        f"evaluate-{label}", evaluate,
+        policy=policy, held_out=data.eval, cfg=cfg.eval, ctx=ctx, label=label, rewards=cfg.grpo.rewards,
+    )  # fmt: skip
 
-    rounds: list[tuple[EvalResult, Registration | None]] = []
-    filters: list[DifficultyResult] = []
-    alarms: list[tuple[str, ...]] = []  # each round's training-health alarms, for the summary
-    grpo = grpo_train if cfg.grpo.work_pool is None else grpo_train_remote
-    # Lineage: a round's parent is the version registered for the round before it, else the base model by name.
-    parent_model = base.lineage
+    rounds: list[Round] = []
     for r in range(1, cfg.grpo.rounds + 1):
-        start, train = policy, data.train
-        if filters_round(cfg.grpo.difficulty_filter, r):  # train on the prompts `start` sometimes, not always, solves
-            kept = _run(
-                records,
-                f"difficulty_filter-r{r}",
-                difficulty_filter,
-                start,
-                data.train,
-                cfg.grpo.difficulty_filter,
-                Rollouts.of(cfg),
-                ctx,
-                f"r{r}",
-                min_kept=cfg.grpo.prompts_per_step,
-            )
-            filters.append(kept)
-            train = kept.train
-        # Each round starts from the previous policy; TRL builds the reference model from it (reset per round).
-        policy = _run(
-            records,
-            f"grpo_train-r{r}",
-            grpo,
-            start,
-            train,
-            cfg.grpo,
-            model_cfg,
-            r,
-            ctx,
-            held_out=data.eval,
-            correctness_reward=cfg.eval.correctness_reward,
-            code_dir=cfg.code_dir,
-            monitors=cfg.monitors,
+        # Lineage: a round's parent is the version registered for the round before it, else the base model by name.
+        parent = next((x.registration.model_uri for x in reversed(rounds) if x.registration), base.lineage)
+        start = rounds[-1].policy if rounds else policy
+        rounds.append(
+            grpo_round(run, cfg, r, start=start, parent=parent, data=data, baseline=baseline, model_cfg=model_cfg)
         )
-        alarms.append(policy.alarms)
-        result = _run(
-            records, f"evaluate-r{r}", evaluate, policy, data.eval, cfg.eval, ctx, label=f"r{r}", rewards=rewards
-        )
-        registration = None
-        if cfg.registry.register_each_round or r == cfg.grpo.rounds:
-            tags = {
-                "config_hash": cfg.fingerprint(),
-                "recipe": cfg.name,
-                "data_fingerprint": train.fingerprint,  # what this round trained on (filtered or not)
-                "parent_model": parent_model,
-                "parent_run_id": start.run_id or "",
-                "round": str(r),
-            }
-            registration = _run(
-                records, f"register-r{r}", register, policy, result, baseline, cfg.registry, ctx, cfg.to_yaml(), tags
-            )
-            parent_model = registration.model_uri
-        rounds.append((result, registration))
+    return report(cfg, Summary.build(cfg, run.records, baseline, rounds))
 
-    summary = Summary.build(cfg, records, baseline, rounds, filters, alarms=alarms)
+
+def grpo_round(
+    run: Stages,
+    cfg: PipelineConfig,
+    r: int,
+    *,
+    start: Checkpoint,
+    parent: str,
+    data: DatasetRefs,
+    baseline: EvalResult,
+    model_cfg: ModelConfig,
+) -> Round:
+    """One GRPO round from `start`: (difficulty filter) -> grpo_train -> evaluate -> register."""
+    ctx, train, kept = RunContext.of(cfg), data.train, None
+    if filters_round(cfg.grpo.difficulty_filter, r):  # train on the prompts `start` sometimes, not always, solves
+        kept = run(
+            f"difficulty_filter-r{r}", difficulty_filter,
+            policy=start, train=data.train, cfg=cfg.grpo.difficulty_filter, rollouts=Rollouts.of(cfg), ctx=ctx,
+            label=f"r{r}", min_kept=cfg.grpo.prompts_per_step,
+        )  # fmt: skip
+        train = kept.train
+    # Each round starts from the previous policy; TRL builds the reference model from it (reset per round).
+    policy = run(
+        f"grpo-round{r}", grpo_train if cfg.grpo.work_pool is None else grpo_train_remote,
+        start=start, train=train, cfg=cfg.grpo, model_cfg=model_cfg, round_index=r, ctx=ctx, held_out=data.eval,
+        correctness_reward=cfg.eval.correctness_reward, code_dir=cfg.code_dir, monitors=cfg.monitors,
+    )  # fmt: skip
+    result = run(
+        f"evaluate-r{r}", evaluate,
+        policy=policy, held_out=data.eval, cfg=cfg.eval, ctx=ctx, label=f"r{r}", rewards=cfg.grpo.rewards,
+    )  # fmt: skip
+    registration = None
+    if cfg.registry.register_each_round or r == cfg.grpo.rounds:
+        tags = {
+            "config_hash": cfg.fingerprint(),
+            "recipe": cfg.name,
+            "data_fingerprint": train.fingerprint,  # what this round trained on (filtered or not)
+            "parent_model": parent,
+            "parent_run_id": start.run_id or "",
+            "round": str(r),
+        }
+        registration = run(
+            f"register-r{r}", register,
+            policy=policy, result=result, baseline=baseline, cfg=cfg.registry, ctx=ctx, config_yaml=cfg.to_yaml(),
+            tags=tags,
+        )  # fmt: skip
+    return Round(index=r, policy=policy, result=result, registration=registration, difficulty=kept)
+
+
+def report(cfg: PipelineConfig, summary: Summary) -> Summary:
+    """Publish the run summary as Prefect artifacts and in the log."""
     markdown = summary.to_markdown()
     create_markdown_artifact(markdown=markdown, key="grpo-pipeline-summary", description="Run summary")
     create_table_artifact(
         table=summary.score_table(), key="grpo-pipeline-scores", description=f"Held-out scores ({cfg.name})"
     )
-    logger.info("pipeline finished:\n%s", markdown)
+    get_run_logger().info("pipeline finished:\n%s", markdown)
     return summary

@@ -19,7 +19,7 @@ from grpo_pipeline.runtime import add_import_paths, setup
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.core.publish import materialize, publish, share_inputs
 from grpo_pipeline.tasks.core.stage import RunContext
-from grpo_pipeline.tasks.grpo import grpo_train
+from grpo_pipeline.tasks.grpo import grpo_train, round_name
 
 
 @flow(name="grpo-train", log_prints=False, persist_result=True)
@@ -62,7 +62,7 @@ def remote_grpo_train(
 ) -> Checkpoint:
     """`grpo_train` through the deployment `grpo-train/<cfg.work_pool>`; waits for it and returns its checkpoint,
     fetched here when its path is not. A failed child fails this call with the child's error."""
-    start, (train, held_out) = share_inputs(start, [train, held_out], ctx, f"grpo-r{round_index}")
+    start, (train, held_out) = share_inputs(start, [train, held_out], ctx, round_name(round_index))
     params: dict[str, Any] = {
         "start": start, "train": train, "cfg": cfg, "model_cfg": model_cfg, "round_index": round_index, "ctx": ctx,
         "held_out": held_out, "correctness_reward": correctness_reward, "code_dir": code_dir, "monitors": monitors,
@@ -70,7 +70,7 @@ def remote_grpo_train(
     child = run_deployment(
         f"grpo-train/{cfg.work_pool}",
         parameters={k: v.model_dump(mode="json") if hasattr(v, "model_dump") else v for k, v in params.items()},
-        flow_run_name=f"grpo-train-r{round_index}",
+        flow_run_name=round_name(round_index),
         timeout=None,  # wait for the round, however long it trains
     )
     if not child.state or not child.state.is_completed():

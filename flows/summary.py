@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pydantic import BaseModel
 
 from grpo_pipeline.configs.schema import PipelineConfig
+from grpo_pipeline.tasks.core.common import Checkpoint
 from grpo_pipeline.tasks.difficulty import DifficultyResult
 from grpo_pipeline.tasks.evaluate import EvalResult
 from grpo_pipeline.tasks.register import Registration
 from grpo_pipeline.tasks.release.gate import item_metric
 from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci
+
+
+@dataclass(frozen=True)
+class Round:
+    """One GRPO round as the flow ran it: its policy, evaluation, and what it registered and trained on."""
+
+    index: int
+    policy: Checkpoint
+    result: EvalResult
+    registration: Registration | None = None
+    difficulty: DifficultyResult | None = None  # the difficulty filter's result, when the round was filtered
 
 
 class StageRecord(BaseModel):
@@ -98,24 +112,18 @@ class Summary(BaseModel):
 
     @classmethod
     def build(
-        cls,
-        cfg: PipelineConfig,
-        stages: list[StageRecord],
-        baseline: EvalResult,
-        rounds: list[tuple[EvalResult, Registration | None]],
-        difficulty_filters: list[DifficultyResult] | None = None,
-        alarms: list[tuple[str, ...]] | None = None,
+        cls, cfg: PipelineConfig, stages: list[StageRecord], baseline: EvalResult, rounds: list[Round]
     ) -> Summary:
         scores = [ScoreRow.of("sft" if cfg.sft.enabled else "base", baseline)]
-        scores += [ScoreRow.of(f"grpo round {i}", r) for i, (r, _) in enumerate(rounds, 1)]
-        models = [(scores[0].model, baseline), *((f"grpo round {i}", r) for i, (r, _) in enumerate(rounds, 1))]
+        scores += [ScoreRow.of(f"grpo round {r.index}", r.result) for r in rounds]
+        models = [(scores[0].model, baseline), *((f"grpo round {r.index}", r.result) for r in rounds)]
         return cls(
             recipe=cfg.name,
             config_hash=cfg.fingerprint()[:12],
             stages=stages,
             scores=scores,
             rounds=RoundRow.series(cfg.registry.gating_metric, models, cfg.seed),
-            registrations=[reg for _, reg in rounds if reg is not None],
+            registrations=[r.registration for r in rounds if r.registration is not None],
             eval_settings={
                 "problems": baseline.num_problems,
                 "n": baseline.n_samples,
@@ -124,8 +132,8 @@ class Summary(BaseModel):
                 "max_new_tokens": baseline.max_new_tokens,
                 "seed": baseline.seed,
             },
-            difficulty_filters=difficulty_filters or [],
-            health=[list(a) for a in alarms or []],
+            difficulty_filters=[r.difficulty for r in rounds if r.difficulty is not None],
+            health=[list(r.policy.alarms) for r in rounds],
         )
 
     @property

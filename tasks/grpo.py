@@ -82,6 +82,11 @@ def _rewards_code(params: Mapping[str, Any]) -> dict[str, str]:
     return user_code([*(r.name for r in params["cfg"].rewards), params["correctness_reward"]])
 
 
+def round_name(round_index: int) -> str:
+    """The one name of GRPO round `round_index`: its task run, MLflow run, output folder and progress artifact."""
+    return f"grpo-round{round_index}"
+
+
 # `code_dir` (where the user's modules live) only tells a worker elsewhere where to import them from.
 @stage("grpo-round{round_index}", unkeyed=("code_dir",), external=_rewards_code)
 @launched
@@ -112,7 +117,7 @@ def grpo_train(
     from grpo_pipeline.tasks.training.probe import HeldOutAccuracyProbe
 
     monitors = monitors or MonitorsConfig()
-    stage_name = f"grpo-r{round_index}"
+    stage_name = round_name(round_index)
     reward_fns, weights = build_rewards(cfg.rewards)
     health = RoundHealth(monitors, stage_name, cfg.beta, cfg.generations_per_prompt, weights)
     if monitors.enabled:

@@ -93,9 +93,9 @@ def run_dir_problem(run_dir: str) -> str | None:
     path = Path(run_dir)
     try:
         path.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path, prefix=".write-check-")
+        fd, scratch = tempfile.mkstemp(dir=path, prefix=".write-check-")
         os.close(fd)
-        os.unlink(probe)
+        os.unlink(scratch)
     except OSError as e:
         where = f" ({e.filename})" if e.filename and str(e.filename) != run_dir else ""
         return (

@@ -296,7 +296,7 @@ def test_chat_pipeline_through_the_cli(tmp_path: Path) -> None:
     client = mlflow.MlflowClient()
     runs = {r.info.run_name: r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])}
     sft_tokens = runs["micro-chat-sft"].data.metrics["num_tokens"]
-    grpo_tokens = runs["micro-chat-grpo-r1"].data.metrics["num_tokens"]
+    grpo_tokens = runs["micro-chat-grpo-round1"].data.metrics["num_tokens"]
     sft_sequences = cfg.sft.max_steps * cfg.sft.batch_size
     grpo_sequences = cfg.grpo.steps_per_round * cfg.grpo.prompts_per_step * cfg.grpo.generations_per_prompt
     assert sft_tokens / sft_sequences > floor, (sft_tokens, sft_sequences)

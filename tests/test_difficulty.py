@@ -268,7 +268,7 @@ def test_round_two_trains_on_the_filtered_split(tmp_path) -> None:
     summary = json.loads((tmp_path / "on.json").read_text())
     stages = [s["stage"] for s in summary["stages"]]
     assert "difficulty_filter-r1" not in stages
-    assert stages.index("difficulty_filter-r2") == stages.index("grpo_train-r2") - 1
+    assert stages.index("difficulty_filter-r2") == stages.index("grpo-round2") - 1
     (kept,) = summary["difficulty_filters"]
     assert kept["label"] == "r2" and kept["scored"] == 200 and 100 < kept["kept"] < 190  # ~1/4 is too easy
     assert kept["kept_fraction"] == kept["kept"] / kept["scored"]
@@ -283,5 +283,5 @@ def test_round_two_trains_on_the_filtered_split(tmp_path) -> None:
     off = run_cli([*common, "--summary-json", str(tmp_path / "off.json")], env)
     assert off.returncode == 0, f"pipeline failed:\n{off.stdout[-4000:]}\n{off.stderr[-4000:]}"
     cached = {s["stage"]: s["cached"] for s in json.loads((tmp_path / "off.json").read_text())["stages"]}
-    assert cached["sft_warmup"] and cached["grpo_train-r1"] and cached["evaluate-r1"], cached
-    assert not cached["grpo_train-r2"] and "difficulty_filter-r2" not in cached
+    assert cached["sft_warmup"] and cached["grpo-round1"] and cached["evaluate-r1"], cached
+    assert not cached["grpo-round2"] and "difficulty_filter-r2" not in cached

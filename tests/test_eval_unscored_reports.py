@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from grpo_pipeline.configs.schema import EvalConfig, PipelineConfig, RegistryConfig
-from grpo_pipeline.flows.summary import Summary
+from grpo_pipeline.flows.summary import Round, Summary
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.evaluate import ITEMS_FILE, EvalResult, item_id, summarize
 from grpo_pipeline.tasks.release.card import model_card
@@ -49,7 +49,8 @@ def test_the_summary_shows_denominators_and_the_reason(tmp_path):
     baseline = result(tmp_path, "sft", [1, 0, 0, 1])
     round1 = result(tmp_path, "r1", [1, None, 1, 1])
     assert round1.accuracy == 1.0 and round1.unscored["accuracy"] == 1
-    summary = Summary.build(PipelineConfig(), [], baseline, [(round1, None)])
+    policy = Checkpoint(path=str(tmp_path), fingerprint="c" * 64, stage="grpo-round1")
+    summary = Summary.build(PipelineConfig(), [], baseline, [Round(index=1, policy=policy, result=round1)])
     text = summary.to_markdown()
     assert "1.000 [1.000, 1.000] (over 3 of 4)" in text
     assert "- grpo round 1: unscored: 3 of 12 completions" in text and REASON in text

@@ -29,7 +29,7 @@ from tests.helpers import MICRO_MODEL, ROOT, cli_env, finished, micro_overrides,
 
 pytestmark = pytest.mark.integration
 
-GRPO_SIDE = {"grpo_train-r1", "evaluate-r1", "register-r1"}
+GRPO_SIDE = {"grpo-round1", "evaluate-r1", "register-r1"}
 MODEL_NAME = MICRO_MODEL
 
 
@@ -108,7 +108,7 @@ def test_cold_run_trains_evaluates_and_registers(micro_run: MicroRun):
         "base_model",
         "sft_warmup",
         "evaluate-sft",
-        "grpo_train-r1",
+        "grpo-round1",
         "evaluate-r1",
         "register-r1",
     ]
@@ -238,10 +238,10 @@ def test_iterative_rounds_start_from_the_last_policy(reruns, micro_run: MicroRun
     """`grpo.rounds=2` with a KL term: round 2 starts from round 1's policy, which is also its reference model."""
     result = reruns["rounds"].summary
     assert [s["stage"] for s in result["stages"]][-6:] == [
-        "grpo_train-r1",
+        "grpo-round1",
         "evaluate-r1",
         "register-r1",
-        "grpo_train-r2",
+        "grpo-round2",
         "evaluate-r2",
         "register-r2",
     ]

@@ -24,7 +24,7 @@ def published(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Checkpoint:
     configure_mlflow(tmp_path, "publish")
     with mlflow.start_run() as run:
         pass
-    ckpt = Checkpoint(path=str(model), fingerprint=fingerprint_path(model), run_id=run.info.run_id, stage="grpo-r1")
+    ckpt = Checkpoint(path=str(model), fingerprint=fingerprint_path(model), run_id=run.info.run_id, stage="grpo-round1")
     return publish(ckpt, str(tmp_path), "publish")
 
 
@@ -99,13 +99,13 @@ def test_share_inputs_publishes_what_a_worker_elsewhere_needs_once(tmp_path: Pat
     refs = [Ref(path=str(train), fingerprint=fingerprint_path(train)), None]
     ctx = RunContext(run_dir=str(tmp_path), experiment="publish", recipe="t", seed=0)
 
-    shared_start, (shared_train, none) = share_inputs(start, refs, ctx, "grpo-r1")
+    shared_start, (shared_train, none) = share_inputs(start, refs, ctx, "grpo-round1")
     assert shared_start.uri == f"runs:/{run.info.run_id}/checkpoint"  # the checkpoint goes to its own run
     assert shared_train.uri is not None and "/inputs/" in shared_train.uri and none is None
     inputs_run = mlflow.get_run(shared_train.uri.split("/")[1])
-    assert inputs_run.info.run_name == "t-grpo-r1-inputs"
+    assert inputs_run.info.run_name == "t-grpo-round1-inputs"
     # what already has a URI (a round's published checkpoint) is not published again; a hub model never is
-    again_start, (again_train, _) = share_inputs(published, [shared_train, None], ctx, "grpo-r2")
+    again_start, (again_train, _) = share_inputs(published, [shared_train, None], ctx, "grpo-round2")
     assert (again_start, again_train) == (published, shared_train)
     hub = Checkpoint(path="org/model", fingerprint="hub:org/model")
     assert share_inputs(hub, [], ctx, "x") == (hub, []) and materialize(hub, str(tmp_path)) == hub

@@ -55,7 +55,7 @@ def policy(run_dir: Path, name: str, seed: int = 0) -> Checkpoint:
     configure_mlflow(run_dir, "test")
     with mlflow.start_run(run_name=name) as run:
         mlflow.log_metric("reward", 0.5)
-    return Checkpoint(path=str(path), fingerprint=fingerprint_path(path), run_id=run.info.run_id, stage="grpo-r1")
+    return Checkpoint(path=str(path), fingerprint=fingerprint_path(path), run_id=run.info.run_id, stage="grpo-round1")
 
 
 def scored(run_dir: Path, held_out: Ref, correct: list[int], name: str) -> EvalResult:

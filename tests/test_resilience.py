@@ -218,7 +218,7 @@ def test_two_runs_at_once_share_a_run_dir_and_prefect_home(tmp_path):
     assert decisions[0] == "first" and decisions[1] in ("kept champion", "promoted"), decisions
     assert [a for v in versions.values() for a in v.aliases].count("champion") == 1
     names = {client.get_run(run_id).data.tags["mlflow.runName"] for run_id in versions}
-    assert names == {"left-grpo-r1", "right-grpo-r1"}, names
+    assert names == {"left-grpo-round1", "right-grpo-round1"}, names
 
 
 # ----------------------------------------------------------------------------- the pieces

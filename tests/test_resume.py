@@ -245,6 +245,6 @@ def test_a_failed_grpo_task_is_retried_by_prefect_and_resumes(tmp_path):
     summary = finished(tmp_path, "retried", proc)
     assert (tmp_path / "failed-once").exists()  # the fault did happen
     assert "injected transient fault in step 5" in proc.stdout + proc.stderr
-    assert notes(summary)["grpo_train-r1"] == "resumed from step 4"
+    assert notes(summary)["grpo-round1"] == "resumed from step 4"
     meta = stage_meta(tmp_path / "runs", "grpo-round1")
     assert meta["steps"] == 6 and meta["resumed_from_step"] == 4

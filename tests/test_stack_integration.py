@@ -104,7 +104,7 @@ def test_local_deployment_sends_grpo_to_the_gpu_pool_and_registers_through_mlflo
     child_artifacts = api(
         stack, "POST", "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [children[0]["id"]]}}}
     )
-    assert any(a["key"] == "grpo-r1-progress" and a["data"] == 100.0 for a in child_artifacts), child_artifacts
+    assert any(a["key"] == "grpo-round1-progress" and a["data"] == 100.0 for a in child_artifacts), child_artifacts
     logs = api(stack, "POST", "/logs/filter", {"logs": {"flow_run_id": {"any_": [parent["id"]]}}, "limit": 200})
     assert any(log["name"] == "grpo_pipeline" and "eval r1: accuracy" in log["message"] for log in logs)
 

@@ -22,8 +22,8 @@ from grpo_pipeline.configs.schema import DataConfig
 from grpo_pipeline.tasks.data import dataset_fix
 from grpo_pipeline.tasks.model import REGISTRY_PREFIX, looks_local
 
-# One probe of the hub's endpoint; a refused or unresolved connection answers at once, a black hole after this.
-PROBE_TIMEOUT_S = 3.0
+# One HEAD request to the hub's endpoint; a refused or unresolved connection answers at once, a black hole after this.
+HEAD_TIMEOUT_S = 3.0
 
 
 def offline() -> bool:
@@ -34,13 +34,13 @@ def offline() -> bool:
     return constants.is_offline_mode() or flags
 
 
-def unreachable() -> str | None:
+def why_unreachable() -> str | None:
     """Why the hub's endpoint (HF_ENDPOINT) cannot be reached from here, or None when it answers (any status)."""
     import httpx
     from huggingface_hub import constants
 
     try:
-        httpx.head(constants.ENDPOINT, timeout=PROBE_TIMEOUT_S)
+        httpx.head(constants.ENDPOINT, timeout=HEAD_TIMEOUT_S)
     except httpx.HTTPError as e:
         return f"the hub ({constants.ENDPOINT}) cannot be reached from here ({type(e).__name__}: {e})"
     return None
@@ -53,7 +53,7 @@ def _why_not(kind: str, name: str) -> str | None:
     cached = _in_cache(kind, name)
     if offline():
         return None if cached else "HF_HUB_OFFLINE is set and it is not in the local Hugging Face cache"
-    why = unreachable()
+    why = why_unreachable()
     if why is not None:
         return None if cached else f"{why}, and it is not in the local Hugging Face cache"
     api = HfApi()

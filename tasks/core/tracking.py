@@ -41,7 +41,7 @@ def require_reachable(uri: str, timeout_s: float = 5.0) -> None:
     backoff factor 2, in mlflow/environment_variables.py) with no word in the run's log; a stage that checks first
     fails within seconds with the server's address in its error, and the stage's retries (which log their delay)
     take over. Only an absent answer counts: any HTTP response but 502-504 (a proxy in front of a server that is
-    down) means the server is there. Local stores (sqlite, file) and non-HTTP schemes are not probed, nor is a TLS
+    down) means the server is there. Local stores (sqlite, file) and non-HTTP schemes are not checked, nor is a TLS
     failure an outage (MLflow's own call reports it)."""
     if not uri.startswith(("http://", "https://")):
         return
