@@ -38,8 +38,9 @@ from grpo_pipeline.tasks.core.common import Checkpoint, Ref, fingerprint_path  #
 from grpo_pipeline.tasks.core.stage import RunContext  # noqa: E402
 from grpo_pipeline.tasks.data import prepare_data  # noqa: E402
 from grpo_pipeline.tasks.difficulty import DifficultyResult, Rollouts, filter_by_difficulty  # noqa: E402
-from grpo_pipeline.tasks.evaluate import ITEMS_FILE, EvalResult, evaluate  # noqa: E402
+from grpo_pipeline.tasks.evaluate import evaluate  # noqa: E402
 from grpo_pipeline.tasks.grpo import grpo_train  # noqa: E402
+from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, EvalResult  # noqa: E402
 from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci  # noqa: E402
 
 FILTER_ON = "grpo.difficulty_filter.enabled=true"

@@ -2,7 +2,7 @@
 sample counts, two ways, in one run:
 
   (loop)    one prompt at a time: a greedy call, then a call for its n samples (num_return_sequences=n);
-  (batched) `tasks.evaluate.generate` as the evaluate stage runs it: eval.batch_size sequences per call, left-padded.
+  (batched) `scoring.generation.generate` as the evaluate stage runs it: eval.batch_size sequences a call, left-padded.
 
 Both produce the same number of completions; greedy completions are compared one by one (left padding must not
 change them). The last line is machine-readable: `speedup=<loop seconds / batched seconds>`.
@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 
 from grpo_pipeline.configs.schema import load_config  # noqa: E402
 from grpo_pipeline.tasks.data import synthetic_arithmetic  # noqa: E402
-from grpo_pipeline.tasks.evaluate import generate  # noqa: E402
+from grpo_pipeline.tasks.scoring.generation import generate  # noqa: E402
 from grpo_pipeline.tasks.training.tiny_model import build_tiny_model  # noqa: E402
 from grpo_pipeline.tasks.training.trainer import load_tokenizer  # noqa: E402
 

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from grpo_pipeline.configs.schema import load_config  # noqa: E402
 from grpo_pipeline.tasks.data import function_family, needs_carry  # noqa: E402
-from grpo_pipeline.tasks.evaluate import ITEMS_FILE  # noqa: E402
+from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE  # noqa: E402
 from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci  # noqa: E402
 
 RECORD = "benchmark-record.json"

@@ -456,7 +456,7 @@ class EvalConfig(_Section):
                 f"eval.k values {too_big} exceed eval.n_samples={self.n_samples}; raise n_samples or drop them"
             )
         # A pass@k batch holds whole groups: batch_size // n_samples prompts with all their samples
-        # (tasks/evaluate.generate). Below one group it would hold n_samples sequences all the same.
+        # (tasks/scoring/generation.py). Below one group it would hold n_samples sequences all the same.
         if self.batch_size < self.n_samples:
             raise ValueError(
                 f"eval.batch_size ({self.batch_size}) cannot hold one group of eval.n_samples ({self.n_samples}) "

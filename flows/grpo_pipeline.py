@@ -34,13 +34,13 @@ from grpo_pipeline.tasks.data import DataError, DatasetRefs
 from grpo_pipeline.tasks.data import prepare_data as _prepare_data
 from grpo_pipeline.tasks.difficulty import Rollouts, filters_round
 from grpo_pipeline.tasks.difficulty import filter_by_difficulty as _filter_by_difficulty
-from grpo_pipeline.tasks.evaluate import EvalResult
 from grpo_pipeline.tasks.evaluate import evaluate as _evaluate
 from grpo_pipeline.tasks.grpo import grpo_train as _grpo_train
 from grpo_pipeline.tasks.model import pin_registered, prepare_base_model
 from grpo_pipeline.tasks.preflight import PreflightError, check_config
 from grpo_pipeline.tasks.preflight import check_inputs as _check_inputs
 from grpo_pipeline.tasks.register import register_policy
+from grpo_pipeline.tasks.scoring.evaluation import EvalResult
 from grpo_pipeline.tasks.sft import sft_warmup as _sft_warmup
 from grpo_pipeline.tasks.training.health import TrainingHealthError
 from grpo_pipeline.tasks.training.trainer import check_model_runtime

@@ -9,9 +9,9 @@ from pydantic import BaseModel
 from grpo_pipeline.configs.schema import PipelineConfig
 from grpo_pipeline.tasks.core.common import Checkpoint
 from grpo_pipeline.tasks.difficulty import DifficultyResult
-from grpo_pipeline.tasks.evaluate import EvalResult
-from grpo_pipeline.tasks.register import Registration
 from grpo_pipeline.tasks.release.gate import item_metric
+from grpo_pipeline.tasks.release.versions import Registration
+from grpo_pipeline.tasks.scoring.evaluation import EvalResult
 from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci
 
 

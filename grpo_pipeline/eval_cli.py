@@ -23,7 +23,7 @@ from grpo_pipeline.runtime import setup
 
 if TYPE_CHECKING:
     from grpo_pipeline.tasks.core.common import Ref
-    from grpo_pipeline.tasks.evaluate import EvalResult
+    from grpo_pipeline.tasks.scoring.evaluation import EvalResult
 
 console = Console(stderr=True)
 RECIPE_SUFFIXES = (".yaml", ".yml")
@@ -193,7 +193,7 @@ def eval_command(
     """Evaluate a checkpoint or registered version: greedy accuracy (95% CI), pass@k, maj@k."""
     from grpo_pipeline.rewards.registry import RewardError
     from grpo_pipeline.tasks.data import DataError
-    from grpo_pipeline.tasks.evaluate import evaluate_model
+    from grpo_pipeline.tasks.scoring.evaluation import evaluate_model
 
     setup()
     try:

@@ -2,7 +2,7 @@
 
 Lengths are measured in `unit`: "tokens" (TRL passes `completion_ids` to every reward), "chars" or "words";
 "auto" uses tokens when `completion_ids` are given and characters otherwise (e.g. `rewards score`). Training and
-evaluation both pass them (tasks/evaluate.py passes the generated tokens up to and including the first EOS, as
+evaluation both pass them (tasks/scoring/generation.py cuts the generated tokens up to and including the first EOS, as
 TRL's GRPOTrainer does), so a completion gets the same length, and the same score, in both.
 """
 

@@ -29,7 +29,8 @@ from grpo_pipeline.rewards import build_reward
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref, atomic_dir, fingerprint_path, logger
 from grpo_pipeline.tasks.core.stage import RunContext, stage, user_code
 from grpo_pipeline.tasks.core.tracking import mlflow_run
-from grpo_pipeline.tasks.evaluate import generate, judge
+from grpo_pipeline.tasks.scoring.generation import generate
+from grpo_pipeline.tasks.scoring.items import judge
 from grpo_pipeline.tasks.training.trainer import load_tokenizer
 
 TRAIN_FILE = "train.parquet"

@@ -209,7 +209,7 @@ def check_inputs(
 def reward_problems(rows: pd.DataFrame, entries: Sequence[tuple[str, str, dict[str, Any]]]) -> list[str]:
     """Call each reward as training does, on `rows` with their own SFT completions as the completions: a reward
     that raises, returns the wrong number of scores or a non-number (None is allowed: "not applicable") is named."""
-    from grpo_pipeline.tasks.evaluate import reward_columns
+    from grpo_pipeline.tasks.scoring.items import reward_columns
 
     prompts, columns = reward_columns(rows, 1)
     completions = [as_completion(p, c) for p, c in zip(prompts, rows["completion"], strict=True)]  # chat: messages

@@ -38,11 +38,11 @@ def test_missing_and_changed_files_are_named(tmp_path: Path) -> None:
 
 def test_an_eval_result_checks_its_items_file(tmp_path: Path) -> None:
     from grpo_pipeline.configs.schema import EvalConfig
-    from grpo_pipeline.tasks.evaluate import summarize
+    from grpo_pipeline.tasks.scoring.evaluation import summarize
 
     data = tmp_path / "eval.parquet"
     data.write_bytes(b"rows")
-    items = [{"greedy_correct": 1, "correct_count": 1, "maj_at_k": {}, "reward_means": {}}]
+    items = [{"greedy_correct": 1, "correct_count": 1, "pass_at_k": {"1": 1.0}, "maj_at_k": {}, "reward_means": {}}]
     path = tmp_path / "items.jsonl"
     path.write_text("{}\n")
     result = summarize(items, EvalConfig(n_samples=1, k=[1]), "m", 0, Ref(path=str(data), fingerprint="x"), path)

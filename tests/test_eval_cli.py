@@ -73,7 +73,7 @@ def test_eval_a_registered_version_on_a_recipe(tmp_path, model_dir, monkeypatch)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     mlflow.set_tracking_uri(uri)
     mlflow.set_experiment("eval-cli")  # not an experiment id left active by another test's store
-    from grpo_pipeline.tasks.register import log_transformers_model
+    from grpo_pipeline.tasks.release.logged_model import log_transformers_model
 
     with mlflow.start_run():
         info = log_transformers_model(model_dir, "# card\n", max_new_tokens=4)

@@ -18,7 +18,6 @@ import pytest
 
 from grpo_pipeline.rewards import REGISTRY, build_reward
 from grpo_pipeline.tasks.data import DataError
-from grpo_pipeline.tasks.evaluate import judge
 from grpo_pipeline.tasks.scoring.formats import (
     FORMATS,
     correctness_reward_for,
@@ -26,6 +25,7 @@ from grpo_pipeline.tasks.scoring.formats import (
     load_eval_rows,
     mbpp_prompt,
 )
+from grpo_pipeline.tasks.scoring.items import judge
 from grpo_pipeline.tasks.scoring.metrics import mean_pass_at_k
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

@@ -13,14 +13,8 @@ import pytest
 from grpo_pipeline.configs.schema import EvalConfig, TinyModelConfig
 from grpo_pipeline.rewards.registry import REGISTRY, RewardError
 from grpo_pipeline.tasks.core.common import Ref, fingerprint_path
-from grpo_pipeline.tasks.evaluate import (
-    ITEMS_FILE,
-    UnscoredError,
-    check_unscored,
-    evaluate_model,
-    score_items,
-    summarize,
-)
+from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, UnscoredError, check_unscored, evaluate_model, summarize
+from grpo_pipeline.tasks.scoring.items import score_items
 from grpo_pipeline.tasks.scoring.metrics import majority_correct, pass_at_k, scored_pass_at_k
 from grpo_pipeline.tasks.training.tiny_model import build_tiny_model
 

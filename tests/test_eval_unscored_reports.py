@@ -9,9 +9,10 @@ from pathlib import Path
 from grpo_pipeline.configs.schema import EvalConfig, PipelineConfig, RegistryConfig
 from grpo_pipeline.flows.summary import Round, Summary
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
-from grpo_pipeline.tasks.evaluate import ITEMS_FILE, EvalResult, item_id, summarize
 from grpo_pipeline.tasks.release.card import model_card
 from grpo_pipeline.tasks.release.gate import GateDecision
+from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, EvalResult, summarize
+from grpo_pipeline.tasks.scoring.items import item_id
 
 EVAL = EvalConfig(n_samples=2, k=[1, 2])
 REASON = "sandbox error: could not start the program"

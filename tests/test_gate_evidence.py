@@ -32,8 +32,7 @@ from grpo_pipeline.flows.grpo_pipeline import retry_registration
 from grpo_pipeline.tasks.core.common import Ref
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.core.tracking import configure_mlflow, gate_limit_name, registry_lock, unreachable
-from grpo_pipeline.tasks.evaluate import ITEMS_FILE, EvalResult, item_id, summarize
-from grpo_pipeline.tasks.register import REGISTRATION_TAG, register_policy
+from grpo_pipeline.tasks.register import register_policy
 from grpo_pipeline.tasks.release.gate import (
     MIN_SCORED_ITEMS,
     GateDecision,
@@ -41,6 +40,9 @@ from grpo_pipeline.tasks.release.gate import (
     decide,
     item_metric,
 )
+from grpo_pipeline.tasks.release.versions import REGISTRATION_TAG
+from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, EvalResult, summarize
+from grpo_pipeline.tasks.scoring.items import item_id
 from tests.test_register import EVAL, eval_set, policy
 
 REWARD = "reward/r"

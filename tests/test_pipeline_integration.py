@@ -23,7 +23,7 @@ import pytest
 from mlflow import MlflowClient
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from grpo_pipeline.tasks.evaluate import generate
+from grpo_pipeline.tasks.scoring.generation import generate
 from tests.conftest import MicroRun
 from tests.helpers import MICRO_MODEL, ROOT, cli_env, finished, micro_overrides, run_cli, run_pipeline
 

@@ -17,8 +17,8 @@ from grpo_pipeline.configs.schema import ConfigError, GRPOConfig, load_config
 from grpo_pipeline.rewards import build_rewards
 from grpo_pipeline.tasks.core import hub
 from grpo_pipeline.tasks.data import load_source
-from grpo_pipeline.tasks.evaluate import reward_columns
 from grpo_pipeline.tasks.grpo import trl_grpo_args
+from grpo_pipeline.tasks.scoring.items import reward_columns
 from tests.helpers import cli_env, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,7 +1,7 @@
 """Registration: real MLflow transformers models, lineage tags, the statistical gate, never twice, all or nothing.
 
 Policies are real (tiny, untrained) Hugging Face checkpoints; their eval results are built from per-item scores
-through `tasks.evaluate.summarize`, so the gate sees exactly what the pipeline writes. A SQLite store stands in for
+through `scoring.evaluation.summarize`, so the gate sees exactly what the pipeline writes. A SQLite store stands in for
 the tracking server, except in the last test, which starts a real one.
 """
 
@@ -26,8 +26,9 @@ from grpo_pipeline.configs.schema import EvalConfig, RegistryConfig, TinyModelCo
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref, fingerprint_path
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.core.tracking import configure_mlflow
-from grpo_pipeline.tasks.evaluate import ITEMS_FILE, EvalResult, evaluate_model, item_id, summarize
 from grpo_pipeline.tasks.register import register_policy
+from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, EvalResult, evaluate_model, summarize
+from grpo_pipeline.tasks.scoring.items import item_id
 from grpo_pipeline.tasks.training.tiny_model import build_tiny_model
 
 EVAL = EvalConfig(n_samples=2, k=[1, 2], max_new_tokens=3, batch_size=64)
@@ -147,7 +148,7 @@ def test_degraded_checkpoint_is_evaluated_for_real_and_stays_challenger(tracking
     import torch
     from transformers import AutoModelForCausalLM
 
-    from grpo_pipeline.tasks.evaluate import generate
+    from grpo_pipeline.tasks.scoring.generation import generate
     from grpo_pipeline.tasks.training.trainer import load_tokenizer
 
     (tracking / "exact_reward.py").write_text(EXACT_REWARD)

@@ -27,7 +27,9 @@ from mlflow.exceptions import MlflowException
 from grpo_pipeline.configs.schema import RegistryConfig
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.core.tracking import TrackingUnavailable, require_reachable, unreachable
-from grpo_pipeline.tasks.register import COMPLETIONS_TABLE, REGISTRATION_TAG, register_policy
+from grpo_pipeline.tasks.register import register_policy
+from grpo_pipeline.tasks.release.logged_model import COMPLETIONS_TABLE
+from grpo_pipeline.tasks.release.versions import REGISTRATION_TAG
 from tests.helpers import ROOT, cli_env, micro_overrides
 from tests.test_register import eval_set, policy, scored
 

@@ -18,10 +18,11 @@ from grpo_pipeline.tasks.core import stage as stage_mod
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.core.stage import RunContext, code_version, module_closure, user_code
 from grpo_pipeline.tasks.data import DatasetRefs, prepare_data
-from grpo_pipeline.tasks.evaluate import EvalResult, evaluate
+from grpo_pipeline.tasks.evaluate import evaluate
 from grpo_pipeline.tasks.grpo import grpo_train
 from grpo_pipeline.tasks.model import prepare_base_model
 from grpo_pipeline.tasks.register import register_policy
+from grpo_pipeline.tasks.scoring.evaluation import EvalResult
 from grpo_pipeline.tasks.sft import sft_warmup
 from grpo_pipeline.tasks.validate import validate_data
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from grpo_pipeline.configs.schema import RegistryConfig
 from grpo_pipeline.tasks.core.common import Checkpoint
-from grpo_pipeline.tasks.evaluate import EvalResult
 from grpo_pipeline.tasks.release.gate import GateDecision
+from grpo_pipeline.tasks.scoring.evaluation import EvalResult
 
 
 def model_card(

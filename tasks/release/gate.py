@@ -32,7 +32,7 @@ from pydantic import BaseModel
 from grpo_pipeline.configs.schema import RegistryConfig
 from grpo_pipeline.tasks.core.common import Ref, logger
 from grpo_pipeline.tasks.core.stage import RunContext
-from grpo_pipeline.tasks.evaluate import ITEMS_FILE, EvalResult, evaluate_model
+from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, EvalResult, evaluate_model
 from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci
 from grpo_pipeline.tasks.training.health import alarm_kinds
 

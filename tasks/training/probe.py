@@ -10,8 +10,9 @@ import pandas as pd
 from transformers import TrainerCallback
 
 from grpo_pipeline.rewards import build_reward
-from grpo_pipeline.tasks.evaluate import generate, judge
 from grpo_pipeline.tasks.scoring.curves import PROBE_METRIC
+from grpo_pipeline.tasks.scoring.generation import generate
+from grpo_pipeline.tasks.scoring.items import judge
 
 
 def greedy_accuracy(model, tokenizer, rows: pd.DataFrame, reward, max_new_tokens: int) -> float:
