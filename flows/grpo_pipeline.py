@@ -42,7 +42,7 @@ from grpo_pipeline.tasks.preflight import check_inputs as _check_inputs
 from grpo_pipeline.tasks.register import register_policy
 from grpo_pipeline.tasks.scoring.evaluation import EvalResult
 from grpo_pipeline.tasks.sft import sft_warmup as _sft_warmup
-from grpo_pipeline.tasks.training.health import TrainingHealthError
+from grpo_pipeline.tasks.training.monitor import TrainingHealthError
 from grpo_pipeline.tasks.training.trainer import check_model_runtime
 from grpo_pipeline.tasks.validate import DataValidationError
 from grpo_pipeline.tasks.validate import validate_data as _validate_data

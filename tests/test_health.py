@@ -16,7 +16,7 @@ from grpo_pipeline.configs.schema import ConfigError, MonitorsConfig, RegistryCo
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.release.gate import GateDecision, health_rule
-from grpo_pipeline.tasks.training.health import (
+from grpo_pipeline.tasks.training.monitor import (
     HealthMonitor,
     StepRewards,
     TrainingHealthError,

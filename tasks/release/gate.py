@@ -34,7 +34,7 @@ from grpo_pipeline.tasks.core.common import Ref, logger
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, EvalResult, evaluate_model
 from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci
-from grpo_pipeline.tasks.training.health import alarm_kinds
+from grpo_pipeline.tasks.training.monitor import alarm_kinds
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
