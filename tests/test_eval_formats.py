@@ -1,4 +1,4 @@
-"""Eval adapters (tasks/scoring/formats.py) on the real GSM8K and HumanEval files in ../shared/data and on inline MATH
+"""Eval adapters (tasks/scoring/adapters.py) on the real GSM8K and HumanEval files in ../shared/data and on inline MATH
 and MBPP rows: each format's gold answers score 1 through the reward that judges it, wrong ones 0, and pass@k from
 those scores equals brute force. Tests that run programs in the sandbox are marked `integration`."""
 
@@ -18,13 +18,8 @@ import pytest
 
 from grpo_pipeline.rewards import REGISTRY, build_reward
 from grpo_pipeline.tasks.data import DataError
-from grpo_pipeline.tasks.scoring.formats import (
-    FORMATS,
-    correctness_reward_for,
-    detect_format,
-    load_eval_rows,
-    mbpp_prompt,
-)
+from grpo_pipeline.tasks.scoring.adapters import mbpp_prompt
+from grpo_pipeline.tasks.scoring.formats import FORMATS, correctness_reward_for, detect_format, load_eval_rows
 from grpo_pipeline.tasks.scoring.items import judge
 from grpo_pipeline.tasks.scoring.metrics import mean_pass_at_k
 

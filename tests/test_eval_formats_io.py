@@ -1,5 +1,5 @@
 """Eval adapters for the stdin/stdout and call-based code formats (APPS/TACO, CodeContests, LiveCodeBench, open-r1;
-tasks/scoring/formats.py), and the data stage keeping their test columns (tasks/data.py). Rows are small, shaped like
+tasks/scoring/adapters.py), and the data stage keeping their test columns (tasks/data.py). Rows are small, shaped like
 the published data (rewards/code_formats.py and tests/test_code_formats.py cite where each shape comes from)."""
 
 from __future__ import annotations
@@ -17,13 +17,8 @@ import pytest
 from grpo_pipeline.configs.schema import load_config
 from grpo_pipeline.rewards.code_formats import CallCase, ParsedTests, StdioCase, parse_tests
 from grpo_pipeline.tasks.data import DataError, prepare_data
-from grpo_pipeline.tasks.scoring.formats import (
-    FORMATS,
-    code_io_prompt,
-    correctness_reward_for,
-    detect_format,
-    load_eval_rows,
-)
+from grpo_pipeline.tasks.scoring.adapters import code_io_prompt
+from grpo_pipeline.tasks.scoring.formats import FORMATS, correctness_reward_for, detect_format, load_eval_rows
 from grpo_pipeline.tasks.scoring.items import NO_VOTE_REWARDS
 from grpo_pipeline.tasks.validate import validate_data
 

@@ -1,60 +1,33 @@
-"""Eval adapters: map rows of known benchmark formats to the eval columns, and name the reward that judges them.
-
-Every format ends as the same columns: `id` (the source's `task_id`, else the row number), `prompt` (what the model
-sees), `answer` (the reference final answer; for code, the canonical solution or ""), plus what the correctness reward
-reads: `test` + `entry_point` (HumanEval), `test_list` + `test_setup_code` (MBPP), or the test columns of the stdin/
-stdout and call-based code formats below (rewards/code_formats.py parses them), stored as JSON text. The formats:
-
-  - `gsm8k`: `question`, `answer` ending in `#### N` (Cobbe et al. 2021, "Training Verifiers to Solve Math Word
-    Problems", github.com/openai/grade-school-math); the answer is N without thousands commas.
-  - `boxed`: `problem` + `solution` whose last `\\boxed{...}` is the answer (Hendrycks et al. 2021, "Measuring
-    Mathematical Problem Solving With the MATH Dataset"); an `answer` column, when present, is taken as is
-    (MATH-500 and AIME-style tables carry one).
-  - `humaneval`: `task_id`, `prompt`, `canonical_solution`, `test`, `entry_point` (Chen et al. 2021, "Evaluating
-    Large Language Models Trained on Code"); the prompt is kept unchanged, since completions continue it.
-  - `mbpp`: `text` + `test_list` (+ `test_setup_code`, `code`, `task_id`) (Austin et al. 2021, "Program Synthesis
-    with Large Language Models"); the prompt is the paper's zero-shot form, the task then its tests. The sanitized
-    split's `prompt` + `test_imports` columns are read too.
-  - `apps`: `question` + `input_output` (+ `problem_id`, `solutions`, `starter_code`) (Hendrycks et al. 2021,
-    "Measuring Coding Challenge Competence With APPS"; TACO, Li et al. 2023, has the same columns).
-  - `codecontests`: `description` + `public_tests` (+ `private_tests`, `generated_tests`, `name`, `solutions`) (Li et
-    al. 2022, "Competition-Level Code Generation with AlphaCode"); the answer is the first Python 3 solution.
-  - `livecodebench`: `question_content` + `public_test_cases` (+ `private_test_cases`, `metadata`, `question_id`,
-    `starter_code`) (Jain et al. 2024, "LiveCodeBench"); no reference solution is published, so the answer is "".
-  - `open-r1`: `problem_statement` (or `problem` / `prompt`) + `verification_info` (+ `problem_id`,
-    `gold_standard_solution`) (huggingface.co/datasets/open-r1/verifiable-coding-problems-python).
-    For these four the prompt is the statement, the starter code when there is one, and how the solution is run
-    (after LiveCodeBench's prompt, `lcb_runner/prompts/code_generation.py`); every row's tests are parsed at load.
-  - `columns`: already `prompt` + `answer`; passed through with every other column.
-
-Nothing is dropped: a row that cannot be mapped stops the load with a `DataError` naming the source, the rows and the
-fix, because a benchmark scored on a silently shrunken set is not that benchmark.
+"""Eval formats: which known benchmark format a table is in (by its columns), the reward that judges it, and
+loading its rows through the format's adapter (tasks/scoring/adapters.py, which lists the formats and their columns).
 """
 
 from __future__ import annotations
 
-import ast
-import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 import pandas as pd
 
-from grpo_pipeline.rewards.code_formats import (
-    FORMAT_COLUMNS,
-    ParsedTests,
-    TestFormatError,
-    json_text,
-    parse_tests,
-    plain,
-)
-from grpo_pipeline.rewards.math import extract_gold, last_boxed
 from grpo_pipeline.tasks.data import DataError, read_table
+from grpo_pipeline.tasks.scoring.adapters import (
+    map_apps,
+    map_boxed,
+    map_codecontests,
+    map_gsm8k,
+    map_humaneval,
+    map_livecodebench,
+    map_mbpp,
+    map_open_r1,
+    map_passthrough,
+)
 
 EvalFormat = Literal[
     "gsm8k", "boxed", "humaneval", "mbpp", "apps", "codecontests", "livecodebench", "open-r1", "columns"
 ]
+
+
 FORMATS: tuple[EvalFormat, ...] = get_args(EvalFormat)
 
 # Column sets that identify each format, tried in this order (first match wins): HumanEval and MBPP rows also have a
@@ -85,11 +58,6 @@ CORRECTNESS_REWARDS: dict[EvalFormat, str] = {
     "open-r1": "code_tests",
 }
 
-MAX_ROWS_SHOWN = 5
-
-
-# ----------------------------------------------------------------------------- formats and rewards
-
 
 def _known_formats() -> str:
     return "; ".join(f"{fmt} ({' | '.join(', '.join(sorted(s)) for s in SIGNATURES[fmt])})" for fmt in FORMATS)
@@ -114,26 +82,6 @@ def correctness_reward_for(fmt: EvalFormat) -> str:
     return CORRECTNESS_REWARDS[fmt]
 
 
-# ----------------------------------------------------------------------------- row checks
-
-
-def _rows_error(origin: str, problem: str, rows: list[int], fix: str) -> DataError:
-    """A DataError naming the first few offending rows (counted from 0, after `limit`)."""
-    shown = ", ".join(str(r) for r in rows[:MAX_ROWS_SHOWN])
-    more = f" and {len(rows) - MAX_ROWS_SHOWN} more" if len(rows) > MAX_ROWS_SHOWN else ""
-    return DataError(f"{origin}: {problem} in {len(rows)} row(s) (counted from 0): {shown}{more}. {fix}")
-
-
-def _is_missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and value != value) or (isinstance(value, str) and not value)
-
-
-def _require_values(raw: pd.DataFrame, column: str, origin: str) -> None:
-    bad = [i for i, v in enumerate(raw[column]) if _is_missing(v)]
-    if bad:
-        raise _rows_error(origin, f"column {column!r} is empty", bad, "Fill it in or remove those rows from the file.")
-
-
 def _check_columns(raw: pd.DataFrame, fmt: EvalFormat, origin: str) -> None:
     """Every column of one of `fmt`'s signatures is present (an explicit `fmt` skips detection)."""
     signatures = SIGNATURES[fmt]
@@ -144,259 +92,6 @@ def _check_columns(raw: pd.DataFrame, fmt: EvalFormat, origin: str) -> None:
         f"{origin} has no column(s) {missing}, which format {fmt!r} needs; columns seen: {list(raw.columns)}. "
         f"Rename them, or pass fmt='auto' to detect the format ({_known_formats()})."
     )
-
-
-def _ids(raw: pd.DataFrame, column: str = "task_id") -> list[str]:
-    if column in raw.columns:
-        return [str(i) if _is_missing(v) else str(v) for i, v in enumerate(raw[column])]
-    return [str(i) for i in range(len(raw))]
-
-
-def _text_or_empty(raw: pd.DataFrame, column: str) -> list[str]:
-    if column not in raw.columns:
-        return [""] * len(raw)
-    return ["" if _is_missing(v) else str(v) for v in raw[column]]
-
-
-# ----------------------------------------------------------------------------- math formats
-
-
-def _gsm8k_answer(solution: str) -> str | None:
-    """N from a solution ending in `#### N` (commas dropped, as rewards.math does), or None when there is none."""
-    _, hashes, tail = solution.rpartition("####")
-    if not hashes or not tail.strip():
-        return None
-    return extract_gold(solution)
-
-
-def map_gsm8k(raw: pd.DataFrame, origin: str) -> pd.DataFrame:
-    """GSM8K (Cobbe et al. 2021): `question` -> prompt, the `#### N` of `answer` -> answer."""
-    _require_values(raw, "question", origin)
-    answers = [_gsm8k_answer(str(v)) for v in raw["answer"]]
-    bad = [i for i, a in enumerate(answers) if a is None]
-    if bad:
-        raise _rows_error(
-            origin,
-            "the `answer` has no final `#### N`",
-            bad,
-            "GSM8K solutions end in '#### <number>'; fix those rows, or use fmt='columns' with a bare answer.",
-        )
-    return pd.DataFrame({"id": _ids(raw), "prompt": raw["question"].astype(str).tolist(), "answer": answers})
-
-
-def _boxed_answer(answer: Any, solution: Any) -> str | None:
-    if not _is_missing(answer):
-        return str(answer).strip()
-    boxed = None if _is_missing(solution) else last_boxed(str(solution))
-    return boxed.strip() if boxed and boxed.strip() else None
-
-
-def map_boxed(raw: pd.DataFrame, origin: str) -> pd.DataFrame:
-    """MATH-style (Hendrycks et al. 2021): `problem` -> prompt; the `answer` column, else the solution's last
-    `\\boxed{...}` -> answer."""
-    _require_values(raw, "problem", origin)
-    answers = [
-        _boxed_answer(a, s) for a, s in zip(_text_or_empty(raw, "answer"), _text_or_empty(raw, "solution"), strict=True)
-    ]
-    bad = [i for i, a in enumerate(answers) if a is None]
-    if bad:
-        raise _rows_error(
-            origin,
-            "no answer: the `solution` has no non-empty \\boxed{...} and there is no `answer` value",
-            bad,
-            "Add \\boxed{<answer>} to those solutions, or an `answer` column.",
-        )
-    return pd.DataFrame({"id": _ids(raw), "prompt": raw["problem"].astype(str).tolist(), "answer": answers})
-
-
-def map_passthrough(raw: pd.DataFrame, origin: str) -> pd.DataFrame:
-    """Already prompt/answer: every column kept, `answer` as text, an `id` added when there is none."""
-    for column in ("prompt", "answer"):
-        _require_values(raw, column, origin)
-    out = raw.assign(answer=[str(v) for v in raw["answer"]])
-    if "id" not in out.columns:
-        out.insert(0, "id", _ids(raw))
-    return out
-
-
-# ----------------------------------------------------------------------------- code formats
-
-
-def map_humaneval(raw: pd.DataFrame, origin: str) -> pd.DataFrame:
-    """HumanEval (Chen et al. 2021): the prompt unchanged (a completion continues it), tests and entry point kept."""
-    for column in ("prompt", "test", "entry_point"):
-        _require_values(raw, column, origin)
-    return pd.DataFrame(
-        {
-            "id": _ids(raw),
-            "prompt": raw["prompt"].astype(str).tolist(),
-            "answer": _text_or_empty(raw, "canonical_solution"),
-            "test": raw["test"].astype(str).tolist(),
-            "entry_point": raw["entry_point"].astype(str).tolist(),
-        }
-    )
-
-
-def _as_list(value: Any) -> list[str] | None:
-    """A list of test strings from a list, an array (Parquet) or its JSON / Python literal (CSV); None if not one."""
-    if isinstance(value, str):
-        for parse in (json.loads, ast.literal_eval):
-            try:
-                value = parse(value)
-                break
-            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-                continue
-        else:
-            return None
-    if isinstance(value, str) or not hasattr(value, "__iter__"):
-        return None
-    return [str(v) for v in value]
-
-
-def mbpp_prompt(text: str, tests: list[str]) -> str:
-    """The task, then the tests its code must pass (Austin et al. 2021, sec. 2.1, without the few-shot examples)."""
-    return f"{text}\nYour code should pass these tests:\n" + "\n".join(tests) + "\n"
-
-
-def _mbpp_setup(raw: pd.DataFrame) -> list[str]:
-    """`test_setup_code`, or the sanitized split's `test_imports` joined into one setup block."""
-    if "test_setup_code" in raw.columns:
-        return _text_or_empty(raw, "test_setup_code")
-    if "test_imports" in raw.columns:
-        return ["\n".join(_as_list(v) or []) for v in raw["test_imports"]]
-    return [""] * len(raw)
-
-
-def map_mbpp(raw: pd.DataFrame, origin: str) -> pd.DataFrame:
-    """MBPP (Austin et al. 2021): the task text and its asserts -> prompt; asserts, setup and reference code kept."""
-    text_column = "text" if "text" in raw.columns else "prompt"
-    _require_values(raw, text_column, origin)
-    tests = [_as_list(v) for v in raw["test_list"]]
-    bad = [i for i, t in enumerate(tests) if not t]
-    if bad:
-        raise _rows_error(
-            origin,
-            "`test_list` is not a non-empty list of assert strings",
-            bad,
-            'Give each row its asserts, e.g. ["assert f(1) == 2"].',
-        )
-    return pd.DataFrame(
-        {
-            "id": _ids(raw),
-            "prompt": [mbpp_prompt(str(t), ts) for t, ts in zip(raw[text_column], tests, strict=True)],
-            "answer": _text_or_empty(raw, "code"),
-            "test_list": tests,
-            "test_setup_code": _mbpp_setup(raw),
-        }
-    )
-
-
-# ----------------------------------------------------------------------------- stdin/stdout and call-based code
-
-
-def code_io_prompt(statement: str, starter_code: str, tests: ParsedTests) -> str:
-    """The problem, then how its solution runs: the starter code to complete, the function that is called, or a
-    program that reads stdin and writes stdout (the cases of LiveCodeBench's prompt, in our words)."""
-    fence = "Put the whole solution in one ```python code block."
-    if starter_code.strip():
-        return f"{statement}\n\nComplete this starter code. {fence}\n```python\n{starter_code.rstrip()}\n```\n"
-    if tests.style == "call":
-        return f"{statement}\n\nWrite the Python function `{tests.entry}`; its return values are checked. {fence}\n"
-    return (
-        f"{statement}\n\nWrite a Python program that reads the input from standard input and writes the answer to "
-        f"standard output. {fence}\n"
-    )
-
-
-def _parsed_tests(raw: pd.DataFrame, fmt: EvalFormat, origin: str) -> tuple[list[ParsedTests], list[str]]:
-    """Every row's tests, parsed from `fmt`'s own columns; a DataError names the rows without usable tests."""
-    columns = [c for c in (*FORMAT_COLUMNS[fmt], "metadata") if c in raw.columns]
-    parsed: list[ParsedTests] = []
-    bad: list[int] = []
-    first_problem = ""
-    for i, row in enumerate(raw[columns].to_dict("records")):
-        try:
-            tests = parse_tests(row)
-        except TestFormatError as e:
-            tests, first_problem = None, first_problem or str(e)
-        if tests is None:
-            bad.append(i)
-            first_problem = first_problem or f"no value in {list(FORMAT_COLUMNS[fmt])}"
-            continue
-        parsed.append(tests)
-    if bad:
-        raise _rows_error(
-            origin,
-            f"the tests cannot be used (first problem: {first_problem})",
-            bad,
-            "Fix or remove those rows; a benchmark scored on fewer problems is not that benchmark.",
-        )
-    return parsed, columns
-
-
-def _map_code_io(
-    raw: pd.DataFrame, fmt: EvalFormat, origin: str, statement: str, ids: list[str], answers: list[str]
-) -> pd.DataFrame:
-    """The eval columns for a stdin/stdout or call-based code format, with its test columns kept as JSON text."""
-    _require_values(raw, statement, origin)
-    parsed, test_columns = _parsed_tests(raw, fmt, origin)
-    starters = _text_or_empty(raw, "starter_code")
-    prompts = [
-        code_io_prompt(str(s), starter, tests)
-        for s, starter, tests in zip(raw[statement], starters, parsed, strict=True)
-    ]
-    out = pd.DataFrame({"id": ids, "prompt": prompts, "answer": answers})
-    for column in test_columns:
-        out[column] = [json_text(v) for v in raw[column]]
-    return out
-
-
-def _first_apps_solution(value: Any) -> str:
-    """The first of APPS's `solutions` (a JSON list of programs), or ""."""
-    solutions = _as_list(value) if not _is_missing(value) else None
-    return solutions[0] if solutions else ""
-
-
-def _first_python3_solution(value: Any) -> str:
-    """The first Python 3 program of CodeContests' `solutions` ({language: [...], solution: [...]}; 3 is PYTHON3 in
-    the dataset's Language enum), or ""."""
-    if _is_missing(value):
-        return ""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            return ""
-    value = plain(value)
-    if not isinstance(value, dict):
-        return ""
-    pairs = zip(value.get("language") or [], value.get("solution") or [], strict=False)
-    return next((str(code) for language, code in pairs if language == 3), "")
-
-
-def map_apps(raw: pd.DataFrame, origin: str) -> pd.DataFrame:
-    """APPS / TACO: `question` (+ `starter_code`) -> prompt, the first of `solutions` -> answer, `input_output` kept."""
-    answers = [_first_apps_solution(v) for v in raw["solutions"]] if "solutions" in raw.columns else [""] * len(raw)
-    return _map_code_io(raw, "apps", origin, "question", _ids(raw, "problem_id"), answers)
-
-
-def map_codecontests(raw: pd.DataFrame, origin: str) -> pd.DataFrame:
-    """CodeContests: `description` -> prompt, `name` -> id, the first Python 3 solution -> answer, tests kept."""
-    solutions = raw["solutions"] if "solutions" in raw.columns else [None] * len(raw)
-    answers = [_first_python3_solution(v) for v in solutions]
-    return _map_code_io(raw, "codecontests", origin, "description", _ids(raw, "name"), answers)
-
-
-def map_livecodebench(raw: pd.DataFrame, origin: str) -> pd.DataFrame:
-    """LiveCodeBench: `question_content` (+ `starter_code`) -> prompt, `question_id` -> id, tests and metadata kept."""
-    return _map_code_io(raw, "livecodebench", origin, "question_content", _ids(raw, "question_id"), [""] * len(raw))
-
-
-def map_open_r1(raw: pd.DataFrame, origin: str) -> pd.DataFrame:
-    """open-r1: the problem statement -> prompt, `gold_standard_solution` -> answer, `verification_info` kept."""
-    statement = next(c for c in ("problem_statement", "problem", "prompt") if c in raw.columns)
-    answers = _text_or_empty(raw, "gold_standard_solution")
-    return _map_code_io(raw, "open-r1", origin, statement, _ids(raw, "problem_id"), answers)
 
 
 MAPPERS: dict[EvalFormat, Callable[[pd.DataFrame, str], pd.DataFrame]] = {
@@ -410,9 +105,6 @@ MAPPERS: dict[EvalFormat, Callable[[pd.DataFrame, str], pd.DataFrame]] = {
     "open-r1": map_open_r1,
     "columns": map_passthrough,
 }
-
-
-# ----------------------------------------------------------------------------- entry point
 
 
 def _read(source: str | Path | pd.DataFrame) -> tuple[pd.DataFrame, str]:
