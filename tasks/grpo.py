@@ -24,10 +24,11 @@ from grpo_pipeline.tasks.core.common import Checkpoint, Ref, logger
 from grpo_pipeline.tasks.core.launch import launched
 from grpo_pipeline.tasks.core.stage import RunContext, stage, user_code
 from grpo_pipeline.tasks.scoring.chat import conversational_dataset
+from grpo_pipeline.tasks.training.health import RoundHealth
 from grpo_pipeline.tasks.training.trainer import adapter_args, load_split, train_policy, vllm_available
 
 if TYPE_CHECKING:  # the training libraries load when a round runs, not when a cached run imports the flow
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedTokenizerBase, TrainerCallback
     from trl import GRPOConfig as TRLGRPOConfig
     from trl import GRPOTrainer
 
@@ -82,6 +83,29 @@ def _rewards_code(params: Mapping[str, Any]) -> dict[str, str]:
     return user_code([*(r.name for r in params["cfg"].rewards), params["correctness_reward"]])
 
 
+def round_callbacks(
+    cfg: GRPOConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    held_out: Ref | None,
+    correctness_reward: str,
+    health: RoundHealth | None,
+) -> list[TrainerCallback]:
+    """The round's own trainer callbacks: the held-out accuracy probe (with `held_out` and `cfg.probe_problems`)
+    and the training-health watch (with `health`)."""
+    from grpo_pipeline.tasks.training.health import health_callback
+    from grpo_pipeline.tasks.training.probe import HeldOutAccuracyProbe
+
+    callbacks: list[TrainerCallback] = []
+    if held_out is not None and cfg.probe_problems:
+        rows = pd.read_parquet(held_out.require()).head(cfg.probe_problems)
+        callbacks.append(
+            HeldOutAccuracyProbe(rows, tokenizer, cfg.probe_every_steps, cfg.max_completion_tokens, correctness_reward)
+        )
+    if health is not None:
+        callbacks.append(health_callback(health))
+    return callbacks
+
+
 def round_name(round_index: int) -> str:
     """The one name of GRPO round `round_index`: its task run, MLflow run, output folder and progress artifact."""
     return f"grpo-round{round_index}"
@@ -104,17 +128,13 @@ def grpo_train(
     *,
     out: Path,
 ) -> Checkpoint:
-    """One GRPO round from `start`; returns the policy checkpoint (with its MLflow run id and the round's
-    training-health alarms).
+    """One GRPO round from `start`: the policy checkpoint, with its MLflow run id and the round's health alarms.
 
     With `held_out`, greedy accuracy on its first `cfg.probe_problems` rows is logged during training. `monitors`
     (default: MonitorsConfig()) sets the health alarms (tasks/training/health.py); with `monitors.fail_fast` the
     first alarm stops the round with TrainingHealthError.
     """
     from trl import GRPOTrainer
-
-    from grpo_pipeline.tasks.training.health import RoundHealth, health_callback
-    from grpo_pipeline.tasks.training.probe import HeldOutAccuracyProbe
 
     monitors = monitors or MonitorsConfig()
     stage_name = round_name(round_index)
@@ -125,24 +145,16 @@ def grpo_train(
     dataset = load_split(train.require())
     if "completion" in dataset.column_names:  # the SFT target; TRL would pass it to rewards as a column
         dataset = dataset.remove_columns("completion")
+    watch = health if monitors.enabled else None
 
     def build(common: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> GRPOTrainer:
-        callbacks = []
-        if held_out is not None and cfg.probe_problems:
-            rows = pd.read_parquet(held_out.require()).head(cfg.probe_problems)
-            probe = HeldOutAccuracyProbe(
-                rows, tokenizer, cfg.probe_every_steps, cfg.max_completion_tokens, correctness_reward
-            )
-            callbacks.append(probe)
-        if monitors.enabled:
-            callbacks.append(health_callback(health))
         return GRPOTrainer(
             model=start.path,
             reward_funcs=reward_fns,
             args=trl_grpo_args(cfg, common, weights, ctx.num_processes),
             train_dataset=conversational_dataset(dataset, tokenizer, start.path),
             processing_class=tokenizer,
-            callbacks=callbacks,
+            callbacks=round_callbacks(cfg, tokenizer, held_out, correctness_reward, watch),
             **adapter_args(model_cfg),
         )
 

@@ -124,6 +124,38 @@ def load_split(path: Path, columns: list[str] | None = None) -> Dataset:
     return ds
 
 
+def resume_point(resume: Path, stage: str, prune: bool) -> tuple[Path | None, int | None]:
+    """The newest sealed checkpoint in `resume` and its step, or (None, None) when there is none to resume from."""
+    last = latest_complete(resume, stage, prune=prune)
+    if last is None:
+        return None, None
+    step = json.loads((last / "trainer_state.json").read_text())["global_step"]
+    logger.info("%s: resuming from step %d (%s)", stage, step, last)
+    return last, step
+
+
+def shared_args(output_dir: str, main: bool, seed: int, model_cfg: ModelConfig) -> dict[str, Any]:
+    """The TRL config arguments every training stage shares (saving nothing until the end, MLflow from process 0)."""
+    return {
+        "output_dir": output_dir,
+        "save_strategy": "no",
+        "report_to": ["mlflow"] if main else "none",
+        "seed": seed,
+        "dataloader_num_workers": 0,
+        **precision_args(model_cfg),
+    }
+
+
+def checkpoint_args(resume: Path, save_every_steps: int, keep_checkpoints: int) -> dict[str, Any]:
+    """The Trainer arguments that save a resumable checkpoint every `save_every_steps` steps into `resume`."""
+    return {
+        "output_dir": str(resume),
+        "save_strategy": "steps",
+        "save_steps": save_every_steps,
+        "save_total_limit": keep_checkpoints,
+    }
+
+
 def train_policy(
     start: Checkpoint,
     ctx: RunContext,
@@ -154,45 +186,23 @@ def train_policy(
     tokenizer = load_tokenizer(start.path)
     tags = {"stage": stage, "parent_model": start.lineage, **tags}
     resume = resume_dir(out)
-    last = latest_complete(resume, stage, prune=main) if save_every_steps else None
-    resumed_from = None
-    if last is not None:
-        resumed_from = json.loads((last / "trainer_state.json").read_text())["global_step"]
-        logger.info("%s: resuming from step %d (%s)", stage, resumed_from, last)
+    last, resumed_from = resume_point(resume, stage, prune=main) if save_every_steps else (None, None)
     run_id = remembered_run_id(resume) if last is not None else None  # metrics go on in the run that logged them
     tracked = mlflow_run(ctx.run_dir, ctx.experiment, f"{ctx.recipe}-{stage}", tags, resume=run_id)
     with tracked if main else contextlib.nullcontext() as run, tempfile.TemporaryDirectory() as scratch:
-        common = {
-            "output_dir": scratch,
-            "save_strategy": "no",
-            "report_to": ["mlflow"] if main else "none",
-            "seed": seed,
-            "dataloader_num_workers": 0,
-            **precision_args(model_cfg),
-        }
+        common = shared_args(scratch, main, seed, model_cfg)
         if save_every_steps:
             if main:
                 remember_run_id(resume, run.info.run_id)
-            common |= {
-                "output_dir": str(resume),
-                "save_strategy": "steps",
-                "save_steps": save_every_steps,
-                "save_total_limit": keep_checkpoints,
-            }
+            common |= checkpoint_args(resume, save_every_steps, keep_checkpoints)
         trainer = build(common, tokenizer)
         trainer.add_callback(PrefectProgress(stage))
         trainer.add_callback(seal_callback())
         result = trainer.train(resume_from_checkpoint=str(last) if last is not None else None)
         logger.info("%s finished: %d steps, train loss %.4f", stage, result.global_step, result.training_loss)
-        meta = {
-            "stage": stage,
-            "steps": result.global_step,
-            "train_loss": result.training_loss,
-            "resumed_from_step": resumed_from,
-            "processes": trainer.accelerator.num_processes,
-            **(meta or {}),
-        }
-        save_policy(trainer, tokenizer, start, model_cfg, out, meta)
+        done = {"stage": stage, "steps": result.global_step, "train_loss": result.training_loss}
+        done |= {"resumed_from_step": resumed_from, "processes": trainer.accelerator.num_processes}
+        save_policy(trainer, tokenizer, start, model_cfg, out, {**done, **(meta or {})})
     if main:
         shutil.rmtree(resume, ignore_errors=True)
     return Checkpoint(
