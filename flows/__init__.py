@@ -1,4 +1,9 @@
-"""Prefect flows: the pipeline DAG (grpo_pipeline.py) and one GRPO round as its own flow (grpo_train.py).
+"""Prefect flows.
+
+    flows/
+      grpo_pipeline.py  the pipeline DAG, top to bottom; grpo_round(...) is one GRPO round's steps
+      grpo_train.py     one GRPO round as its own deployable flow (grpo-train), for another work pool
+      summary.py        the end-of-run summary: one record per stage run and per round
 
 Importing this package applies the process's environment defaults (grpo_pipeline.runtime) before Prefect is
 imported, so a flow called from plain Python starts its temporary server with the same settings as the CLI.

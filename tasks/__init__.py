@@ -1,2 +1,19 @@
-"""One module per pipeline stage. Each stage is a plain function usable without Prefect; the Prefect tasks that
-wrap them live in flows/grpo_pipeline.py."""
+"""The pipeline's stages, flat, one module each, named after the stage; what stages share lives in subpackages by
+role, never in another stage's module. Each stage is a plain function usable without Prefect; the Prefect tasks
+that wrap them live in flows/grpo_pipeline.py.
+
+    tasks/
+      data.py        prepare_data: synthetic, file or Hub rows, split into train and eval
+      validate.py    validate_data: the data contract (columns, blanks, duplicates, overlap, lengths)
+      model.py       base_model (prepare_base_model) and pin_registered (a registry alias -> one version)
+      preflight.py   check_config and check_inputs: bad input caught before anything trains
+      sft.py         sft_warmup
+      difficulty.py  filter_by_difficulty: between GRPO rounds, the prompts the policy sometimes solves
+      grpo.py        grpo_train: one GRPO round
+      evaluate.py    evaluate: a policy on the held-out split
+      register.py    register_policy: the policy as a registered, gated MLflow model version
+      core/          stage keys and output folders, artifact references, MLflow runs, launches, publishing, Hub
+      training/      the trainer scaffold SFT and GRPO share, checkpoints, callbacks, the tiny model
+      scoring/       generation, judging and scoring eval items, metrics, chat templates, benchmark formats
+      release/       the promotion gate, registered versions, the logged model, model card, lineage
+"""

@@ -1,3 +1,11 @@
-"""The training scaffold the SFT and GRPO stages share: loading and training a policy (trainer), periodic
-checkpoints and resume (checkpoints), the trainer callbacks (progress, health alarms, the held-out accuracy check),
-and the tiny model of the CPU recipes (tiny_model)."""
+"""The training scaffold the SFT and GRPO stages share, and its trainer callbacks.
+
+    training/
+      trainer.py      train_policy: one MLflow run, resume, an atomic save; model loading and TRL arguments
+      checkpoints.py  periodic resumable checkpoints, sealed when complete
+      progress.py     a Prefect progress artifact per training stage
+      health.py       a GRPO round's health watch and its trainer callback
+      monitor.py      the alarm logic itself (readings in, alarms out)
+      probe.py        the held-out accuracy probe: greedy accuracy during GRPO
+      tiny_model.py   the char-level tiny model of the CPU recipes
+"""
