@@ -24,6 +24,7 @@ from grpo_pipeline.configs.schema import EvalConfig, RewardSpec
 from grpo_pipeline.rewards.registry import REGISTRY, RewardError
 from grpo_pipeline.tasks.core.common import Ref, atomic_dir, logger
 from grpo_pipeline.tasks.core.stage import (
+    code_text,
     module_closure,
     package_modules,
     user_code_fingerprint,
@@ -152,7 +153,7 @@ def _specs_text(specs: Sequence[RewardSpec]) -> str:
 
 
 def scorer_version(names: Sequence[str]) -> str:
-    """A hash of the code that scores: for a built-in reward, the source of its module and of every package module
+    """A hash of the code that scores: for a built-in reward, the code (`code_text`) of its module and of every module
     it imports (in practice the whole rewards/ package, which rewards/__init__ imports) and the versions of
     `SCORER_LIBRARIES`; for a dotted path, the user's module (`user_code_fingerprint`)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -166,7 +167,7 @@ def scorer_version(names: Sequence[str]) -> str:
         else:
             h.update(name.encode() + b"\0" + user_code_fingerprint(name).encode() + b"\0")
     for module in sorted(modules):
-        h.update(module.encode() + b"\0" + known[module].read_bytes() + b"\0")
+        h.update(module.encode() + b"\0" + code_text(known[module]).encode() + b"\0")
     for lib in SCORER_LIBRARIES:
         try:
             h.update(f"{lib}=={version(lib)}".encode())
