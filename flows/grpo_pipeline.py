@@ -23,7 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
 from grpo_pipeline.configs.schema import ConfigError, ModelConfig, PipelineConfig, load_config
-from grpo_pipeline.flows.grpo_train import remote_grpo_train
+from grpo_pipeline.flows.grpo_train import RoundFailed, remote_grpo_train
 from grpo_pipeline.flows.summary import Round, StageRecord, Summary
 from grpo_pipeline.rewards.registry import RewardError
 from grpo_pipeline.runtime import setup
@@ -78,6 +78,19 @@ def retry_registration(task: Task, task_run: Any, state: Any) -> bool:
     return True
 
 
+def retry_remote_round(task: Task, task_run: Any, state: Any) -> bool:
+    """A round on another work pool is retried like a local one: not when its child flow run was cancelled, nor when
+    the child failed on bad input or a training-health alarm (its final message names the error)."""
+    try:
+        state.result()
+    except RoundFailed as e:
+        named = any(f"{kind.__name__}:" in e.message for kind in NOT_RETRIED)
+        return not named and e.state_name not in ("Cancelled", "Cancelling")
+    except Exception:
+        return retry_unless_bad_input(task, task_run, state)
+    return True
+
+
 RETRIED: dict[str, Any] = {
     "retries": STAGE_RETRIES,
     "retry_delay_seconds": 5,
@@ -100,14 +113,15 @@ sft_warmup = stage_task(_sft_warmup, "sft_warmup")
 difficulty_filter = stage_task(_filter_by_difficulty, "difficulty_filter", task_run_name="difficulty_filter-{label}")
 grpo_train = stage_task(_grpo_train, "grpo_train", task_run_name="grpo-round{round_index}")
 # The same stage on another work pool (grpo.work_pool), keyed like the local one, and retried like it: a child flow
-# run that failed for a passing reason runs again; bad input fails at once with the round's own error.
+# run that failed for a passing reason runs again (resuming from its checkpoints); bad input, a health alarm or a
+# cancelled child fails at once with the round's own error.
 grpo_train_remote = task(
     remote_grpo_train,
     name="grpo_train",
     task_run_name="grpo-round{round_index}",
     cache_key_fn=_grpo_train.stage.cache_key,
     persist_result=True,
-    **RETRIED,
+    **{**RETRIED, "retry_condition_fn": retry_remote_round},
 )
 evaluate = stage_task(_evaluate, "evaluate", task_run_name="evaluate-{label}")
 # Registration outlasts an MLflow outage (a server restart, a deploy): the training it registers is done and cached,

@@ -22,6 +22,14 @@ from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.grpo import grpo_train, round_name
 
 
+class RoundFailed(RuntimeError):
+    """A GRPO round on another work pool whose child flow run did not complete: its final state and message."""
+
+    def __init__(self, round_index: int, pool: str | None, state_name: str, message: str) -> None:
+        super().__init__(f"GRPO round {round_index} on pool {pool!r} ended {state_name}: {message}")
+        self.state_name, self.message = state_name, message
+
+
 @flow(name="grpo-train", log_prints=False, persist_result=True)
 def grpo_train_flow(
     start: Checkpoint,
@@ -75,6 +83,6 @@ def remote_grpo_train(
     )
     if not child.state or not child.state.is_completed():
         message = child.state.message if child.state else "no state"
-        raise RuntimeError(f"GRPO round {round_index} on pool {cfg.work_pool!r} ended {child.state_name}: {message}")
+        raise RoundFailed(round_index, cfg.work_pool, child.state_name or "without a state", message or "")
     policy = Checkpoint.model_validate(child.state.result())
     return materialize(policy, ctx.run_dir)
