@@ -35,6 +35,9 @@ class _EchoModel:
     training = True
     device = "cpu"
 
+    class generation_config:  # an attribute of the model, as on a transformers model
+        eos_token_id = None
+
     def __init__(self, answers):
         self.answers = answers
         self.modes = []
