@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,16 +33,34 @@ DEFAULTS = {
     "MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING": "false",
 }
 QUIET_LOGGERS = ("httpx", "urllib3", "alembic", "mlflow.store", "filelock")
+# Set by `setup(verbose=True)`, so that the flow's own `setup()` and the processes of a multi-process launch
+# (tasks/core/launch.py) stay verbose too.
+VERBOSE_ENV = "GRPO_PIPELINE_VERBOSE"
+# Warnings that the libraries raise about their own calls, silenced by exact message and raising module (never a
+# blanket ignore); `-v` shows them again. Where ours were the cause, the call is fixed instead: the trainers get
+# transformers 5's `activation_checkpointing` (tasks/training/trainer.py) and no pinned memory without CUDA.
+LIBRARY_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = (
+    # TRL 1.16 turns checkpointing off around each GRPO generation (trl/models/utils.py,
+    # disable_gradient_checkpointing) through the names transformers 5 renamed to activation_checkpointing*.
+    (
+        FutureWarning,
+        r"`(is_gradient_checkpointing|gradient_checkpointing_enable|gradient_checkpointing_disable)` is deprecated "
+        r"and will be removed in v6\.",
+        r"transformers\.modeling_utils$",
+    ),
+)
 
 
-def setup(config: PipelineConfig | None = None, *, verbose: bool = False, refresh: bool = False) -> None:
+def setup(config: PipelineConfig | None = None, *, verbose: bool | None = None, refresh: bool = False) -> None:
     """Apply every process default; values already in the environment win. Safe to call more than once.
 
     - Prefect: project-local state under `./.prefect` (PREFECT_HOME), analytics off, our logger in the run logs.
       With no PREFECT_API_URL, Prefect runs a temporary local server per run whose database and cached results
       live under PREFECT_HOME, so caching works across runs of the same project.
     - `refresh`: every stage reruns (Prefect ignores cached results but still writes new ones).
-    - Logging for the pipeline's own logger, libraries' chatter turned down.
+    - Logging for the pipeline's own logger, libraries' chatter turned down (their log levels, and the deprecation
+      warnings in LIBRARY_WARNINGS). `verbose` (the CLI's `-v`): DEBUG and every warning; it stays on for the rest
+      of the process and the processes it starts, so `verbose=None` (the default) means "as set before".
     - Import paths: the recipe's directory (`config.code_dir`), then the working directory, so a user's reward
       module beside the recipe imports by its dotted path without PYTHONPATH. The project's own source root is never
       one of them (see `add_import_paths`).
@@ -49,7 +68,11 @@ def setup(config: PipelineConfig | None = None, *, verbose: bool = False, refres
     apply_env_defaults()
     if refresh:
         os.environ["PREFECT_TASKS_REFRESH_CACHE"] = "true"
+    if verbose:
+        os.environ[VERBOSE_ENV] = "1"
+    verbose = os.environ.get(VERBOSE_ENV) == "1"
     configure_logging(verbose)
+    configure_warnings(verbose)
     add_import_paths(config.code_dir if config is not None else None, Path.cwd())
 
 
@@ -71,6 +94,18 @@ def configure_logging(verbose: bool = False) -> None:
     logging.getLogger("grpo_pipeline").setLevel(logging.DEBUG if verbose else logging.INFO)
     for noisy in QUIET_LOGGERS:
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def configure_warnings(verbose: bool = False) -> None:
+    """Silence the libraries' own deprecation warnings in LIBRARY_WARNINGS, or with `verbose` show them again."""
+    ours = {message for _, message, _ in LIBRARY_WARNINGS}
+    # `filters` entries are (action, message regex, category, module regex, lineno); drop ours, then add them anew.
+    # An ignored warning leaves nothing in the modules' warning registries, so dropping the entries is enough.
+    warnings.filters[:] = [f for f in warnings.filters if not (f[1] is not None and f[1].pattern in ours)]
+    if verbose:
+        return
+    for category, message, module in LIBRARY_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
 
 
 def add_import_paths(*dirs: str | Path | None) -> None:

@@ -142,6 +142,10 @@ def shared_args(output_dir: str, main: bool, seed: int, model_cfg: ModelConfig) 
         "report_to": ["mlflow"] if main else "none",
         "seed": seed,
         "dataloader_num_workers": 0,
+        "dataloader_pin_memory": has_cuda(),  # pinned memory needs an accelerator; torch warns on every loader
+        # transformers 5's name; TRL's configs default the deprecated `gradient_checkpointing` to True, and transformers
+        # warns on every config built with it alone.
+        "activation_checkpointing": True,
         **precision_args(model_cfg),
     }
 
@@ -180,7 +184,7 @@ def train_policy(
     there (a rerun after a crash, a Prefect retry) resumes from the newest, in the same MLflow run; see
     tasks/training/checkpoints.py. The model appears in `out` complete or not at all, and the resume folder then goes.
     """
-    from grpo_pipeline.tasks.training.progress import PrefectProgress
+    from grpo_pipeline.tasks.training.progress import PrefectProgress, console_progress
 
     main = is_main_process()  # in a multi-process launch (tasks/core/launch.py), process 0 logs and saves
     tokenizer = load_tokenizer(start.path)
@@ -198,8 +202,8 @@ def train_policy(
         trainer = build(common, tokenizer)
         trainer.add_callback(PrefectProgress(stage))
         trainer.add_callback(seal_callback())
-        result = trainer.train(resume_from_checkpoint=str(last) if last is not None else None)
-        logger.info("%s finished: %d steps, train loss %.4f", stage, result.global_step, result.training_loss)
+        with console_progress(trainer, stage):  # logs "<stage> finished: ..." with the stage's key numbers
+            result = trainer.train(resume_from_checkpoint=str(last) if last is not None else None)
         done = {"stage": stage, "steps": result.global_step, "train_loss": result.training_loss}
         done |= {"resumed_from_step": resumed_from, "processes": trainer.accelerator.num_processes}
         save_policy(trainer, tokenizer, start, model_cfg, out, {**done, **(meta or {})})
