@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pydantic import BaseModel
@@ -13,6 +15,10 @@ from grpo_pipeline.tasks.release.gate import item_metric
 from grpo_pipeline.tasks.release.versions import Registration
 from grpo_pipeline.tasks.scoring.evaluation import EvalResult
 from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci
+
+# The console width the summary's tables are laid out for, unless the caller gives its own: a metric name is never cut
+# (a console table squeezes a column narrower than its header to `pass_…`); the score columns wrap into more tables.
+WIDTH = 100
 
 
 @dataclass(frozen=True)
@@ -155,7 +161,9 @@ class Summary(BaseModel):
     def score_columns(self) -> list[str]:
         return list(self.scores[0].metrics) if self.scores else []
 
-    def to_markdown(self) -> str:
+    def to_markdown(self, width: int = WIDTH) -> str:
+        """The summary as Markdown whose tables, rendered on a console `width` columns wide (rich pads each cell with
+        a space either side), keep every header whole: the score columns are split over as many tables as need be."""
         lines = [
             f"## grpo-pipeline: {self.recipe} (config {self.config_hash})",
             "",
@@ -164,16 +172,11 @@ class Summary(BaseModel):
         ]
         lines += [f"| {s.stage} | {s.seconds:.1f} | {'yes' if s.cached else 'no'} | {s.note} |" for s in self.stages]
         lines.append(f"| **total** | {self.total_seconds:.1f} | | |")
-        cols = self.score_columns()
         settings = ", ".join(f"{k}={v}" for k, v in self.eval_settings.items())
-        lines += [
-            "",
-            f"Held-out scores ({settings}):",
-            "",
-            "| model | " + " | ".join(cols) + " |",
-            "|---|" + "---:|" * len(cols),
-        ]
-        lines += [f"| {row.model} | " + " | ".join(row.shown(c) for c in cols) + " |" for row in self.scores]
+        lines += ["", f"Held-out scores ({settings}):"]
+        for group in self.score_groups(width):
+            lines += ["", "| model | " + " | ".join(group) + " |", "|---|" + "---:|" * len(group)]
+            lines += [f"| {row.model} | " + " | ".join(row.shown(c) for c in group) + " |" for row in self.scores]
         unscored = [f"- {row.model}: {row.unscored_line}" for row in self.scores if row.unscored_line]
         if unscored:
             lines += [
@@ -197,13 +200,40 @@ class Summary(BaseModel):
         if self.health:
             lines += ["", *self.health_lines()]
         if self.registrations:
-            lines += [
-                "",
-                "| model | version | alias | gate | gating metric | value | champion | difference [95% CI] |",
-                "|---|---|---|---|---|---:|---|---|",
-            ]
-            lines += [_registration_row(r) for r in self.registrations]
+            lines += ["", *self.registration_lines()]
         return "\n".join(lines)
+
+    def score_groups(self, width: int = WIDTH) -> list[list[str]]:
+        """The score columns in tables that fit `width`, each beside the model column: a metric's family (`pass_at_*`,
+        `maj_at_*`, `reward/*`) stays in one table where it fits in one."""
+        cols = self.score_columns()
+        cells = {c: [c, *(row.shown(c) for row in self.scores)] for c in cols}
+        wide = {c: _cell_width(texts) for c, texts in cells.items()}
+        model = _cell_width(["model", *(row.model for row in self.scores)])
+        groups: list[list[str]] = [[]]
+        for family in _families(cols):
+            if groups[-1] and model + sum(wide[c] for c in groups[-1] + family) > width:
+                groups.append([])  # the family starts a table of its own
+            for col in family:  # one wider than a whole table is split over several
+                if groups[-1] and model + sum(wide[c] for c in [*groups[-1], col]) > width:
+                    groups.append([])
+                groups[-1].append(col)
+        return [g for g in groups if g]
+
+    def registration_lines(self) -> list[str]:
+        """The registered versions, what the gate decided on which metric, and why where it could not compare."""
+        metrics = {r.gate.metric for r in self.registrations}
+        value = metrics.pop() if len(metrics) == 1 else "gating metric"
+        lines = [
+            f"| model version | alias | gate | {value} | champion | difference [95% CI] | n |",
+            "|---|---|---|---:|---|---|---:|",
+            *(_registration_row(r, metric=value == "gating metric") for r in self.registrations),
+        ]
+        unscored = [r for r in self.registrations if r.gate.decision == "unscored"]
+        if unscored:
+            lines += ["", "Not compared by the gate (decision `unscored`):"]
+            lines += [f"- {r.model_name} v{r.version}: {r.gate.reason}" for r in unscored]
+        return lines
 
     def health_lines(self) -> list[str]:
         """The "Training health" part: each round's alarms, or one line saying that every round was healthy."""
@@ -217,11 +247,26 @@ class Summary(BaseModel):
         return lines
 
 
-def _registration_row(r: Registration) -> str:
+def _registration_row(r: Registration, metric: bool = False) -> str:
     g = r.gate
     champion = "-" if g.champion_version is None else f"v{g.champion_version} ({g.champion:.3f})"
-    diff = "-" if g.delta is None else f"{g.delta:+.3f} [{g.ci_low:+.3f}, {g.ci_high:+.3f}], n={g.n}"
-    return (
-        f"| {r.model_name} | {r.version} | {r.alias} | {g.decision} | {g.metric} | {g.challenger:.3f} | {champion} | "
-        f"{diff} |"
-    )
+    diff = "-" if g.delta is None else f"{g.delta:+.3f} [{g.ci_low:+.3f}, {g.ci_high:+.3f}]"
+    value = f"{g.metric} {g.challenger:.3f}" if metric else f"{g.challenger:.3f}"
+    return f"| {r.model_name} v{r.version} | {r.alias} | {g.decision} | {value} | {champion} | {diff} | {g.n} |"
+
+
+def _cell_width(texts: Sequence[str]) -> int:
+    """A column's width on the console: its longest text and a space of padding either side."""
+    return max(len(t) for t in texts) + 2
+
+
+def _families(cols: list[str]) -> list[list[str]]:
+    """`cols` in runs of one family: `accuracy`, `pass_at_1 pass_at_4`, `maj_at_1 ...`, `reward/a reward/b`."""
+    runs: list[tuple[str, list[str]]] = []
+    for col in cols:
+        family = col.split("/")[0] if "/" in col else re.sub(r"_at_\d+$", "", col)
+        if runs and runs[-1][0] == family:
+            runs[-1][1].append(col)
+        else:
+            runs.append((family, [col]))
+    return [members for _, members in runs]

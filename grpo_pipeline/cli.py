@@ -84,7 +84,9 @@ def run(
     refresh: Annotated[
         bool, typer.Option("--refresh", help="Ignore cached stage results and rerun everything.")
     ] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Debug logging, trainer log dicts, libraries' deprecation warnings.")
+    ] = False,
     summary_json: Annotated[
         Path | None, typer.Option("--summary-json", help="Also write the run summary as JSON to this file.")
     ] = None,
@@ -110,7 +112,7 @@ def run(
     except Exception as e:  # the flow has logged the traceback; end with one clear line and a non-zero code
         console.print(f"[red]pipeline failed:[/red] {type(e).__name__}: {e}")
         raise typer.Exit(1) from None
-    console.print(Markdown(summary.to_markdown()))
+    console.print(Markdown(summary.to_markdown(width=console.width)))  # tables laid out to fit, no header cut
     if summary_json:
         summary_json.write_text(summary.model_dump_json(indent=2))
     uri = tracking_uri(cfg.run_dir)
