@@ -3,7 +3,7 @@
     training/
       trainer.py      train_policy: one MLflow run, resume, an atomic save; model loading and TRL arguments
       checkpoints.py  periodic resumable checkpoints, sealed when complete
-      progress.py     a Prefect progress artifact per training stage
+      progress.py     per training stage: its console progress line and a Prefect progress artifact
       health.py       a GRPO round's health watch and its trainer callback
       monitor.py      the alarm logic itself (readings in, alarms out)
       probe.py        the held-out accuracy probe: greedy accuracy during GRPO
