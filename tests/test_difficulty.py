@@ -11,6 +11,7 @@ the real `correctness`).
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from collections import Counter
 from pathlib import Path
@@ -258,11 +259,16 @@ def test_too_few_kept_is_an_error_that_names_the_setting(
 def test_round_two_trains_on_the_filtered_split(tmp_path) -> None:
     """Through the CLI: round 2 is preceded by the filter and trains on what it kept (the GRPO run's data tag);
     the summary shows the kept fraction; switching the filter off again reruns round 2 only."""
+    # `coin` as a user's module would hold it: in a directory of their own on PYTHONPATH (the checkout's root, where
+    # this test module lives, is not an import path of the CLI)
+    user_code = tmp_path / "user_code"
+    user_code.mkdir()
+    (user_code / "difficulty_coin.py").write_text(f"import hashlib\n\n\n{inspect.getsource(coin)}")
     common = [
         "run", "--config", "configs/tiny-arith.yaml", *micro_overrides(tmp_path / "runs"), "grpo.rounds=2",
-        f"eval.correctness_reward={COIN_REWARD}", "registry.model_name=micro-difficulty",
+        "eval.correctness_reward=difficulty_coin:coin", "registry.model_name=micro-difficulty",
     ]  # fmt: skip
-    env = cli_env(tmp_path)
+    env = cli_env(tmp_path, PYTHONPATH=str(user_code))
     on = run_cli([*common, "grpo.difficulty_filter.enabled=true", "--summary-json", str(tmp_path / "on.json")], env)
     assert on.returncode == 0, f"pipeline failed:\n{on.stdout[-4000:]}\n{on.stderr[-4000:]}"
     summary = json.loads((tmp_path / "on.json").read_text())
