@@ -170,8 +170,10 @@ def test_nightly_is_scheduled_inactive_continues_from_the_champion_and_caches(st
 
     second = run_deployment(stack, "grpo-pipeline/nightly", overrides)
     states = task_states(stack, second["id"])
-    if champion_version(stack) == version:
-        assert set(states.values()) == {"Cached"}, states  # neither the data nor the champion changed
+    if champion_version(stack) == version:  # neither the data nor the champion changed: every stage is cached;
+        # only pin_model runs again, as in every run, to resolve the champion alias to the version it names now
+        assert {state for name, state in states.items() if not name.startswith("pin_model")} == {"Cached"}, states
+        assert any(name.startswith("pin_model") for name in states), states
 
 
 def test_cancelling_the_pipeline_cancels_its_grpo_child(stack: Stack) -> None:
