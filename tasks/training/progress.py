@@ -153,10 +153,12 @@ def console_progress(trainer: Trainer, stage: str) -> Iterator[ConsoleProgress]:
     written meanwhile (a checkpoint saved, a health alarm) go above the bar instead of through it."""
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    from grpo_pipeline.tasks.training.probe import HeldOutAccuracyProbe
-
+    # the probe is found by what it has (a `history`), not by its class: importing the probe module would bring
+    # generation and the rewards into the code key of every stage that trains (SFT too)
     callbacks = trainer.callback_handler.callbacks
-    progress = ConsoleProgress(stage, next((c for c in callbacks if isinstance(c, HeldOutAccuracyProbe)), None))
+    progress = ConsoleProgress(
+        stage, next((c for c in callbacks if isinstance(getattr(c, "history", None), list)), None)
+    )
     replace_progress_display(trainer, progress)
     with logging_redirect_tqdm():
         yield progress
