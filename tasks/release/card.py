@@ -14,6 +14,24 @@ from grpo_pipeline.tasks.release.gate import GateDecision
 from grpo_pipeline.tasks.scoring.evaluation import EvalResult
 
 
+def score_table(result: EvalResult, baseline: EvalResult | None) -> list[str]:
+    """The card's scores as markdown table rows: each metric, over how many items, and before GRPO."""
+    rows = [
+        "| metric | this model | items scored |" + (" before GRPO |" if baseline else ""),
+        "|---|---:|---:|" + ("---:|" if baseline else ""),
+    ]
+    before = baseline.metrics() if baseline else {}
+    for name, value in result.metrics().items():
+        shown = f"{value:.3f}"
+        if name == "accuracy":
+            shown += f" [{result.accuracy_ci[0]:.3f}, {result.accuracy_ci[1]:.3f}]"
+        rows.append(
+            f"| {name} | {shown} | {result.scored(name)}/{result.num_problems} |"
+            + (f" {before[name]:.3f} |" if name in before else (" - |" if baseline else ""))
+        )
+    return rows
+
+
 def model_card(
     cfg: RegistryConfig,
     policy: Checkpoint,
@@ -40,19 +58,7 @@ def model_card(
         f"max new tokens {result.max_new_tokens}, seed {result.seed}; correct means "
         f"`{result.config.correctness_reward}` gives 1.0, reward code `{result.scorer_version or '?'}`)",
         "",
-        "| metric | this model | items scored |" + (" before GRPO |" if baseline else ""),
-        "|---|---:|---:|" + ("---:|" if baseline else ""),
-    ]
-    before = baseline.metrics() if baseline else {}
-    for name, value in result.metrics().items():
-        shown = f"{value:.3f}"
-        if name == "accuracy":
-            shown += f" [{result.accuracy_ci[0]:.3f}, {result.accuracy_ci[1]:.3f}]"
-        lines.append(
-            f"| {name} | {shown} | {result.scored(name)}/{result.num_problems} |"
-            + (f" {before[name]:.3f} |" if name in before else (" - |" if baseline else ""))
-        )
-    lines += [
+        *score_table(result, baseline),
         "",
         result.unscored_line()
         or f"Every completion was scored by the correctness reward `{result.config.correctness_reward}`.",
