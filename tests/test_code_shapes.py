@@ -157,6 +157,28 @@ CHAIN_ASSERTS = [
     "assert max_chain_length([Pair(1, 2), Pair(3, 4),Pair(5, 6), Pair(7, 8)], 4) == 4",
     "assert max_chain_length([Pair(19, 10), Pair(11, 12),Pair(13, 14), Pair(15, 16), Pair(31, 54)], 5) == 5",
 ]
+TREE_SETUP = """
+root = Node(1)
+root.left = Node(2)
+root.right = Node(3)
+root.left.left = Node(4)
+root.left.right = Node(5)
+root1 = Node(1);
+root1.left = Node(2);
+root1.right = Node(3);
+root1.left.left = Node(4);
+root1.right.left = Node(5);
+root1.right.right = Node(6);
+root1.right.right.right= Node(7);
+root1.right.right.right.right = Node(8)
+root2 = Node(1)
+root2.left = Node(2)
+root2.right = Node(3)
+root2.left.left = Node(4)
+root2.left.right = Node(5)
+root2.left.left.left = Node(6)
+root2.left.left.right = Node(7)
+"""
 SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "argument mutated in place (LeetCode moveZeroes)": (
         humaneval(
@@ -341,28 +363,7 @@ SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
                 return max(max_height(node.left), max_height(node.right)) + 1
             """,
             ["assert (max_height(root)) == 3", "assert (max_height(root1)) == 5", "assert (max_height(root2)) == 4"],
-            """
-            root = Node(1)
-            root.left = Node(2)
-            root.right = Node(3)
-            root.left.left = Node(4)
-            root.left.right = Node(5)
-            root1 = Node(1);
-            root1.left = Node(2);
-            root1.right = Node(3);
-            root1.left.left = Node(4);
-            root1.right.left = Node(5);
-            root1.right.right = Node(6);
-            root1.right.right.right= Node(7);
-            root1.right.right.right.right = Node(8)
-            root2 = Node(1)
-            root2.left = Node(2)
-            root2.right = Node(3)
-            root2.left.left = Node(4)
-            root2.left.right = Node(5)
-            root2.left.left.left = Node(6)
-            root2.left.left.right = Node(7)
-            """,
+            TREE_SETUP,
         ),
         mbpp(
             """
@@ -375,28 +376,7 @@ SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
                 return 3
             """,
             ["assert (max_height(root)) == 3", "assert (max_height(root1)) == 5", "assert (max_height(root2)) == 4"],
-            """
-            root = Node(1)
-            root.left = Node(2)
-            root.right = Node(3)
-            root.left.left = Node(4)
-            root.left.right = Node(5)
-            root1 = Node(1);
-            root1.left = Node(2);
-            root1.right = Node(3);
-            root1.left.left = Node(4);
-            root1.right.left = Node(5);
-            root1.right.right = Node(6);
-            root1.right.right.right= Node(7);
-            root1.right.right.right.right = Node(8)
-            root2 = Node(1)
-            root2.left = Node(2)
-            root2.right = Node(3)
-            root2.left.left = Node(4)
-            root2.left.right = Node(5)
-            root2.left.left.left = Node(6)
-            root2.left.left.right = Node(7)
-            """,
+            TREE_SETUP,
         ),
     ),
     "expression entry point (LeetCode Solution().twoSum)": (
