@@ -654,7 +654,26 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     if not key:
         raise ConfigError(f"override {text!r} has an empty key")
     # YAML parsing gives numbers, booleans, null and lists ("[1, 2]") their types; strings stay strings.
-    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {text!r}: {_yaml_problem(e, raw)}") from None
+
+
+def _yaml_problem(err: yaml.YAMLError, raw: str) -> str:
+    """One line for a value YAML cannot parse: what it expected and where, and the likely fix (a shell split the
+    value at a space, or a bracket or quote is missing)."""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    mark = getattr(err, "problem_mark", None)
+    where = ""
+    if mark is not None:  # YAML counts from 0; the position is the value's own (the override's key is not parsed)
+        where = (
+            f" at column {mark.column + 1}" if mark.line == 0 else f" at line {mark.line + 1}, column {mark.column + 1}"
+        )
+    return (
+        f"the value {raw!r} is not valid YAML ({problem}{where}); close its brackets and quotes, and quote the "
+        "whole override for the shell when the value holds spaces (e.g. 'grpo.rewards=[{name: correctness}]')"
+    )
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
