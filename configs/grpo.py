@@ -1,0 +1,199 @@
+"""The `grpo:` section: the GRPO rounds, their rewards, rollouts (vLLM or transformers), checkpoints, the
+held-out probe, the difficulty filter between rounds, and the work pool they run on."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from grpo_pipeline.configs.base import UNKEYED, Section, save_every_steps_field
+
+
+class RewardSpec(Section):
+    name: str = Field(description="A registered reward name or a dotted path 'pkg.module:function'.")
+    weight: float = Field(default=1.0, description="Weight in the summed reward.")
+    params: dict[str, Any] = Field(default={}, description="Keyword arguments for the reward's factory.")
+    # Unkeyed: how long to wait, not what is computed (and the stage keys of existing runs stay as they were).
+    timeout_s: float | None = Field(
+        default=300.0,
+        gt=0,
+        json_schema_extra=UNKEYED,
+        description="Longest one call of this reward may take, in seconds (a call scores one batch of completions). "
+        "A call over it scores None for its rows, with a warning, and training goes on; a reward that misses it on "
+        "more than half of its recent rows stops the run. null: no limit. Not the same as a `timeout_s` in `params` "
+        "(the judge's per-request or code_tests' per-program limit), which should stay well below it.",
+    )
+
+
+class DifficultyFilterConfig(Section):
+    """Between GRPO rounds, train only on the prompts the current policy sometimes but not always solves (DAPO's
+    dynamic sampling, Yu et al. 2025 sec. 3.2, applied to the dataset once per round): a prompt it always or never
+    solves gives a group with one reward, zero advantage and no gradient. See tasks/difficulty.py."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Filter the training prompts before each GRPO round from round 2 on (and before round 1 with "
+        "`before_first_round`).",
+    )
+    before_first_round: bool = Field(
+        default=False, description="Also filter before round 1, with the SFT (or base) policy."
+    )
+    samples_per_prompt: int = Field(
+        default=8,
+        ge=2,
+        description="Completions sampled per prompt (at the rollout temperature) to estimate its pass rate.",
+    )
+    min_pass_rate: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="Keep a prompt only when its pass rate (correct samples / samples_per_prompt) is strictly above "
+        "this; 0 drops the prompts no sample solves.",
+    )
+    max_pass_rate: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="Keep a prompt only when its pass rate is strictly below this; 1 drops the prompts every sample "
+        "solves.",
+    )
+    max_prompts: int | None = Field(
+        default=None,
+        ge=1,
+        description="Score at most this many training prompts (a seeded random subset, for speed); the round trains "
+        "only on the kept ones among them. None scores them all.",
+    )
+
+    @model_validator(mode="after")
+    def _bounds_leave_a_rate(self) -> DifficultyFilterConfig:
+        if self.min_pass_rate >= self.max_pass_rate:
+            raise ValueError(
+                f"min_pass_rate ({self.min_pass_rate}) must be below max_pass_rate ({self.max_pass_rate}); prompts "
+                "are kept when min_pass_rate < pass rate < max_pass_rate"
+            )
+        n = self.samples_per_prompt
+        if not any(self.min_pass_rate < c / n < self.max_pass_rate for c in range(n + 1)):
+            raise ValueError(
+                f"no pass rate c/{n} lies strictly between min_pass_rate ({self.min_pass_rate}) and max_pass_rate "
+                f"({self.max_pass_rate}), so every prompt would be dropped; widen the bounds or raise "
+                "samples_per_prompt"
+            )
+        return self
+
+
+class GRPOStageConfig(Section):
+    """The `grpo:` section: iterative GRPO rounds (tasks/grpo.py); `trl_grpo_args` maps it onto TRL's
+    `GRPOConfig`."""
+
+    # Parameters that control the algorithm: rounds, batch (in prompts and completions), optimizer and loss
+    rounds: int = Field(
+        default=1, ge=1, description="Iterative GRPO rounds; each starts from the last policy and resets the reference."
+    )
+    steps_per_round: int = Field(default=200, ge=1, description="Optimizer steps in each round.")
+    prompts_per_step: int = Field(default=8, ge=1, description="Distinct prompts sampled per optimizer step.")
+    generations_per_prompt: int = Field(
+        default=8, ge=2, description="Completions per prompt (the group size G); at least 2 for a baseline."
+    )
+    learning_rate: float = Field(default=1e-4, gt=0, description="Peak learning rate.")
+    warmup_ratio: float = Field(default=0.0, ge=0, le=1, description="Fraction of steps for linear warmup.")
+    beta: float = Field(default=0.0, ge=0, description="KL coefficient against the reference model; 0 disables it.")
+    epsilon: float = Field(default=0.2, gt=0, description="PPO-style clipping range of the importance ratio.")
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = Field(
+        default="dapo", description="Loss aggregation (TRL's loss_type)."
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        default="group", description="Divide advantages by the group's ('group'), batch's or no ('none') reward std."
+    )
+    rewards: list[RewardSpec] = Field(
+        default=[RewardSpec(name="correctness"), RewardSpec(name="format", weight=0.2)],
+        min_length=1,
+        description="Rewards summed with their weights.",
+    )
+
+    # Parameters that control generation (the rollouts)
+    temperature: float = Field(default=1.0, gt=0, description="Sampling temperature for rollouts.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling for rollouts.")
+    max_completion_tokens: int = Field(default=8, ge=1, description="Longest rollout completion (tokens).")
+
+    # Parameters that control vLLM (rollouts on vLLM, in the training process or a server)
+    use_vllm: bool | Literal["auto"] = Field(
+        default="auto", description="Generate rollouts with vLLM: true, false, or 'auto' (when CUDA and vllm exist)."
+    )
+    vllm_mode: Literal["colocate", "server"] = Field(
+        default="colocate",
+        description="Where vLLM runs (TRL's vllm_mode): 'colocate' in the training process, sharing its GPU; "
+        "'server' in a separate `trl vllm-serve` process, usually on another GPU (vllm_server_host/port or "
+        "vllm_server_base_url), which receives the new weights after each step.",
+    )
+    vllm_server_host: str = Field(
+        default="127.0.0.1",
+        json_schema_extra=UNKEYED,
+        description="Host of the vLLM server (vllm_mode: server); ignored when vllm_server_base_url is set.",
+    )
+    vllm_server_port: int = Field(
+        default=8000,
+        ge=1,
+        le=65535,
+        json_schema_extra=UNKEYED,
+        description="HTTP port of the vLLM server (vllm_mode: server; `trl vllm-serve --port`).",
+    )
+    vllm_server_base_url: str | None = Field(
+        default=None,
+        json_schema_extra=UNKEYED,
+        description="Full URL of the vLLM server (e.g. http://gpu-1:8000), instead of vllm_server_host/port.",
+    )
+    vllm_gpu_memory_utilization: float = Field(
+        default=0.3,
+        gt=0,
+        le=1,
+        json_schema_extra=UNKEYED,
+        description="Fraction of the GPU's memory vLLM takes for weights and KV cache (vllm_mode: colocate; the "
+        "rest is training's). A server takes its own (`trl vllm-serve --gpu_memory_utilization`).",
+    )
+
+    # Parameters that control checkpoints and logging
+    save_every_steps: int = save_every_steps_field(50)
+    keep_checkpoints: int = Field(
+        default=2, ge=1, json_schema_extra=UNKEYED, description="Resumable checkpoints kept (the newest ones)."
+    )
+    log_every_steps: int = Field(default=10, ge=1, description="Logging interval (steps) for metrics.")
+
+    # Parameters that control the held-out probe (the learning curve)
+    probe_problems: int = Field(
+        default=128,
+        ge=0,
+        description="Held-out problems (the first N of the eval split) whose greedy accuracy is measured during "
+        "training for the learning curve (MLflow metric probe/greedy_accuracy); 0 turns the probe off.",
+    )
+    probe_every_steps: int = Field(default=50, ge=1, description="Steps between two held-out accuracy probes.")
+
+    # Parameters that control the difficulty filter between rounds
+    # Unkeyed: the filter reaches a round only through the split it writes, whose fingerprint the round is keyed on;
+    # keying the round on these settings too would rerun round 1 when the filter is switched on for later rounds.
+    difficulty_filter: DifficultyFilterConfig = Field(
+        default_factory=DifficultyFilterConfig,
+        json_schema_extra=UNKEYED,
+        description="Train each round on the prompts of intermediate difficulty for its starting policy.",
+    )
+
+    # Parameters that control where the rounds run (a Prefect work pool)
+    work_pool: str | None = Field(
+        default=None,
+        description="Run each GRPO round on this Prefect work pool (e.g. 'gpu') through the deployment "
+        "'grpo-train/<work_pool>' (deployments/prefect.yaml) instead of in the pipeline's own process; the round's "
+        "checkpoint comes back through the MLflow artifact store. Needs a Prefect server and a worker on the pool "
+        "(`grpo-pipeline serve`).",
+    )
+
+    @model_validator(mode="after")
+    def _vllm_settings_agree(self) -> GRPOStageConfig:
+        if self.vllm_mode == "server" and self.use_vllm is False:
+            raise ValueError(
+                "vllm_mode is 'server' but use_vllm is false, so no server would be used; set grpo.use_vllm=true "
+                "(or auto) or grpo.vllm_mode=colocate"
+            )
+        url = self.vllm_server_base_url
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(f"vllm_server_base_url {url!r} is not an http(s) URL; write it as http://<host>:<port>")
+        return self

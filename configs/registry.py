@@ -1,0 +1,29 @@
+"""The `registry:` section: the MLflow experiment and registered model, and the champion gate
+(tasks/release/gate.py)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from grpo_pipeline.configs.base import Section
+
+
+class RegistryConfig(Section):
+    experiment: str = Field(default="grpo-pipeline", description="MLflow experiment name.")
+    model_name: str = Field(default="tiny-arith-grpo", description="Registered model name in MLflow.")
+    gating_metric: str = Field(
+        default="accuracy",
+        description="Eval metric that decides champion vs challenger (higher is better): accuracy, pass_at_<k>, "
+        "maj_at_<k> or reward/<name>.",
+    )
+    min_delta: float = Field(
+        default=0.0,
+        description="Promotion margin: the new version takes `champion` only when the lower bound of the paired "
+        "bootstrap 95% CI of its gating-metric difference to the champion (same eval items) is above this.",
+    )
+    register_each_round: bool = Field(default=True, description="Register every round, not only the last.")
+    allow_unhealthy: bool = Field(
+        default=False,
+        description="Let a GRPO round that raised a training-health alarm (monitors.*) take `champion` when the gate "
+        "promotes it; by default such a round is registered as `challenger` only.",
+    )

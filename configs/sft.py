@@ -1,0 +1,21 @@
+"""The `sft:` section: the supervised warmup before GRPO (tasks/sft.py)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from grpo_pipeline.configs.base import UNKEYED, Section, save_every_steps_field
+
+
+class SFTConfig(Section):
+    enabled: bool = Field(default=True, description="Run the SFT warmup; when false GRPO starts from the base model.")
+    epochs: float = Field(default=3.0, gt=0, description="Passes over the training split.")
+    max_steps: int = Field(default=-1, description="Stop after this many optimizer steps (-1: use epochs).")
+    learning_rate: float = Field(default=1e-3, gt=0, description="Peak learning rate.")
+    batch_size: int = Field(default=64, ge=1, description="Examples per optimizer step.")
+    warmup_ratio: float = Field(default=0.05, ge=0, le=1, description="Fraction of steps for linear warmup.")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    save_every_steps: int = save_every_steps_field(500)
+    keep_checkpoints: int = Field(
+        default=2, ge=1, json_schema_extra=UNKEYED, description="Resumable checkpoints kept (the newest ones)."
+    )
