@@ -36,7 +36,7 @@ import sys
 # below exist for type checkers only (which treat any `TYPE_CHECKING` as true), and annotations are never evaluated.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
     from typing import Any
 
 MAX_MESSAGE = 8 << 20  # bytes; a larger answer from the program counts as a failed call
@@ -683,9 +683,10 @@ def _site_names() -> dict[str, Any]:
 
 
 def _serve_stdio(program: str, req_fd: int, resp_fd: int, out_fd: int) -> None:
-    """For each ("case", input, seconds, max bytes): run a fresh copy of the program (a child of this process) with
-    that input on stdin; answer ("out", stdout, how it ended). This process holds the inputs only, never the
-    expected outputs; the copies hold neither this process's pipes nor anything of the tests."""
+    """For ("cases", inputs, seconds, max bytes): for each input, run a fresh copy of the program (a child of this
+    process) with that input on stdin, and answer ("out", stdout, how it ended) as each ends (one message for all
+    the inputs: a request per case would cost a wake-up of each side per case). This process holds the inputs
+    only, never the expected outputs; the copies hold neither this process's pipes nor anything of the tests."""
     import resource
 
     try:
@@ -693,11 +694,11 @@ def _serve_stdio(program: str, req_fd: int, resp_fd: int, out_fd: int) -> None:
         broken = ""
     except BaseException as e:  # every case fails with the reason
         code, broken = None, f"load error: {type(e).__name__}: {str(e)[:300]}"
-    while True:
-        try:
-            _, text, seconds, max_bytes = receive(req_fd)
-        except BaseException:
-            return
+    try:
+        _, texts, seconds, max_bytes = receive(req_fd)
+    except BaseException:
+        return
+    for text in texts:
         if code is None:
             send(resp_fd, ("out", "", broken))
             continue
@@ -1012,14 +1013,15 @@ class Channel:
             return _Name(name)
         return self.request("value", _Name(name), (), {})
 
-    def run_case(self, text: str, seconds: float, max_bytes: int) -> tuple[str, str]:
-        """One stdin/stdout case: (stdout, how it ended)."""
-        self._send(("case", text, seconds, max_bytes))
-        answer = self._receive(_now() + seconds + 1.0)
-        if answer[0] != "out" or len(answer) != 3 or type(answer[1]) is not str or type(answer[2]) is not str:
-            self.kill("bad answer")
-            raise CandidateFailure(self.dead)
-        return answer[1], answer[2]
+    def run_cases(self, texts: list[str], seconds: float, max_bytes: int) -> Iterator[tuple[str, str]]:
+        """stdin/stdout cases, run one after another: (stdout, how it ended) for each, as each ends."""
+        self._send(("cases", texts, seconds, max_bytes))
+        for _ in texts:
+            answer = self._receive(_now() + seconds + 1.0)
+            if answer[0] != "out" or len(answer) != 3 or type(answer[1]) is not str or type(answer[2]) is not str:
+                self.kill("bad answer")
+                raise CandidateFailure(self.dead)
+            yield answer[1], answer[2]
 
 
 def _sync(old: Any, new: Any) -> None:
@@ -1169,8 +1171,8 @@ def run_tests(spec: dict[str, Any], channel: Channel) -> dict[str, Any]:
 def _run_stdio(spec: dict[str, Any], channel: Channel, units: Units) -> None:
     """stdin/stdout tests: one fresh run of the program per case."""
     seconds, max_bytes, tolerance = float(spec["case_timeout"]), int(spec["max_output"]), spec.get("float_tolerance")
-    for i, (text, expected) in enumerate(spec["cases"]):
-        out, ended = channel.run_case(text, seconds, max_bytes)
+    outputs = channel.run_cases([text for text, _ in spec["cases"]], seconds, max_bytes)
+    for i, ((out, ended), (_, expected)) in enumerate(zip(outputs, spec["cases"], strict=False)):
         if ended == "exit 0" and outputs_match(out, expected, tolerance):
             units.ok(i)
         elif not units.first_error:
