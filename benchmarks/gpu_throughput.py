@@ -213,11 +213,11 @@ def part_grpo(model_dir: Path, args: argparse.Namespace) -> dict[str, float]:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOTrainer
 
-    from grpo_pipeline.configs.schema import GRPOConfig, ModelConfig
+    from grpo_pipeline.configs.schema import GRPOStageConfig, ModelConfig
     from grpo_pipeline.tasks.grpo import trl_grpo_args
     from grpo_pipeline.tasks.training.trainer import precision_args
 
-    cfg = GRPOConfig(
+    cfg = GRPOStageConfig(
         steps_per_round=args.steps,
         prompts_per_step=args.prompts_per_step,
         generations_per_prompt=args.generations,

@@ -26,8 +26,6 @@ from grpo_pipeline.configs.monitors import MonitorsConfig
 from grpo_pipeline.configs.registry import RegistryConfig
 from grpo_pipeline.configs.sft import SFTConfig
 
-GRPOConfig = GRPOStageConfig  # the section's old name, until every caller uses the new one
-
 __all__ = [
     "FUNCTION_FAMILIES",
     "UNKEYED",

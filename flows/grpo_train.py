@@ -14,7 +14,7 @@ from typing import Any
 from prefect import flow
 from prefect.deployments import run_deployment
 
-from grpo_pipeline.configs.schema import GRPOConfig, ModelConfig, MonitorsConfig
+from grpo_pipeline.configs.schema import GRPOStageConfig, ModelConfig, MonitorsConfig
 from grpo_pipeline.runtime import add_import_paths, setup
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.core.publish import materialize, publish, share_inputs
@@ -34,7 +34,7 @@ class RoundFailed(RuntimeError):
 def grpo_train_flow(
     start: Checkpoint,
     train: Ref,
-    cfg: GRPOConfig,
+    cfg: GRPOStageConfig,
     model_cfg: ModelConfig,
     round_index: int,
     ctx: RunContext,
@@ -59,7 +59,7 @@ def grpo_train_flow(
 def remote_grpo_train(
     start: Checkpoint,
     train: Ref,
-    cfg: GRPOConfig,
+    cfg: GRPOStageConfig,
     model_cfg: ModelConfig,
     round_index: int,
     ctx: RunContext,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from grpo_pipeline.configs.schema import GRPOConfig, ModelConfig, MonitorsConfig
+from grpo_pipeline.configs.schema import GRPOStageConfig, ModelConfig, MonitorsConfig
 from grpo_pipeline.rewards import build_rewards
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref, logger
 from grpo_pipeline.tasks.core.launch import launched
@@ -29,16 +29,15 @@ from grpo_pipeline.tasks.training.trainer import adapter_args, load_split, train
 
 if TYPE_CHECKING:  # the training libraries load when a round runs, not when a cached run imports the flow
     from transformers import PreTrainedTokenizerBase, TrainerCallback
-    from trl import GRPOConfig as TRLGRPOConfig
-    from trl import GRPOTrainer
+    from trl import GRPOConfig, GRPOTrainer
 
 
 def trl_grpo_args(
-    cfg: GRPOConfig, common: dict[str, Any], weights: list[float], num_processes: int = 1
-) -> TRLGRPOConfig:
+    cfg: GRPOStageConfig, common: dict[str, Any], weights: list[float], num_processes: int = 1
+) -> GRPOConfig:
     """Map the pipeline's GRPO section (batch fields in prompts and generations) onto TRL's GRPOConfig; the batch
     stays global, each of `num_processes` processes taking its share of the step's completions."""
-    from trl import GRPOConfig as TRLGRPOConfig
+    from trl import GRPOConfig
 
     use_vllm = vllm_available() if cfg.use_vllm == "auto" else bool(cfg.use_vllm)
     if cfg.vllm_mode == "server" and not use_vllm:
@@ -46,7 +45,7 @@ def trl_grpo_args(
             "grpo.vllm_mode is 'server' but vLLM is not used here (use_vllm: auto needs CUDA and the vllm package); "
             "rollouts are generated with transformers in the training process"
         )
-    return TRLGRPOConfig(
+    return GRPOConfig(
         **common,
         max_steps=cfg.steps_per_round,
         learning_rate=cfg.learning_rate,
@@ -84,7 +83,7 @@ def _rewards_code(params: Mapping[str, Any]) -> dict[str, str]:
 
 
 def round_callbacks(
-    cfg: GRPOConfig,
+    cfg: GRPOStageConfig,
     tokenizer: PreTrainedTokenizerBase,
     held_out: Ref | None,
     correctness_reward: str,
@@ -117,7 +116,7 @@ def round_name(round_index: int) -> str:
 def grpo_train(
     start: Checkpoint,
     train: Ref,
-    cfg: GRPOConfig,
+    cfg: GRPOStageConfig,
     model_cfg: ModelConfig,
     round_index: int,
     ctx: RunContext,

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 from pydantic import BaseModel
 
-from grpo_pipeline.configs.schema import DataConfig, EvalConfig, GRPOConfig, PipelineConfig
+from grpo_pipeline.configs.schema import DataConfig, EvalConfig, GRPOStageConfig, PipelineConfig
 from grpo_pipeline.rewards import build_reward
 from grpo_pipeline.rewards.registry import RewardError
 from grpo_pipeline.tasks.core.common import Checkpoint, logger
@@ -150,7 +150,7 @@ def local_data_paths(data: DataConfig) -> list[tuple[str, str]]:
     return paths
 
 
-def reward_entries(grpo: GRPOConfig, eval_cfg: EvalConfig) -> list[tuple[str, str, dict[str, Any]]]:
+def reward_entries(grpo: GRPOStageConfig, eval_cfg: EvalConfig) -> list[tuple[str, str, dict[str, Any]]]:
     """(config field, name, params) of every reward a run builds: the training rewards and the one that decides
     correctness in evaluation."""
     entries = [(f"grpo.rewards[{i}]", spec.name, spec.params) for i, spec in enumerate(grpo.rewards)]
@@ -175,7 +175,7 @@ def _inputs_code(params: Mapping[str, Any]) -> dict[str, str]:
 
 @stage("preflight", external=_inputs_code)
 def check_inputs(
-    data: DatasetRefs, base: Checkpoint, grpo: GRPOConfig, eval_cfg: EvalConfig, sft_enabled: bool
+    data: DatasetRefs, base: Checkpoint, grpo: GRPOStageConfig, eval_cfg: EvalConfig, sft_enabled: bool
 ) -> InputReport:
     """Raise PreflightError naming every problem that the prepared data and the base model show before training:
     too few training rows for one GRPO batch, a reward that fails on real rows, prompts too long for the context."""
@@ -246,7 +246,7 @@ def context_problems(
     base: Checkpoint,
     train: pd.DataFrame,
     held_out: pd.DataFrame,
-    grpo: GRPOConfig,
+    grpo: GRPOStageConfig,
     eval_cfg: EvalConfig,
     sft_enabled: bool,
 ) -> tuple[list[str], int | None, int]:
@@ -287,7 +287,7 @@ def _completion_budgets(
     tokenizer: PreTrainedTokenizerBase,
     train: pd.DataFrame,
     held_out: pd.DataFrame,
-    grpo: GRPOConfig,
+    grpo: GRPOStageConfig,
     eval_cfg: EvalConfig,
     sft_enabled: bool,
 ) -> dict[str, dict[str, list[int]]]:

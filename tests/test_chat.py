@@ -154,18 +154,18 @@ def test_a_tokenizer_without_template_is_refused_with_the_fix() -> None:
 
 
 def test_input_check_counts_rendered_prompts_and_refuses_a_model_without_template(tmp_path: Path) -> None:
-    from grpo_pipeline.configs.schema import EvalConfig, GRPOConfig
+    from grpo_pipeline.configs.schema import EvalConfig, GRPOStageConfig
     from grpo_pipeline.tasks.core.common import Checkpoint
     from grpo_pipeline.tasks.preflight import context_problems
 
     path = build_tiny_model(TINY, tmp_path / "m", 0)  # 128 positions
     rows = pd.DataFrame({"prompt": [messages("12+7=")], "answer": ["19"], "completion": ["19"]})
     base = Checkpoint(path=str(path), fingerprint="f")
-    problems, context, longest = context_problems(base, rows, rows, GRPOConfig(), EvalConfig(), True)
+    problems, context, longest = context_problems(base, rows, rows, GRPOStageConfig(), EvalConfig(), True)
     assert problems == [] and context == 128
     assert longest == len(f"<|system|>{SYSTEM}\n<|user|>12+7=\n<|assistant|>")  # what the model reads, not the JSON
     (path / "chat_template.jinja").unlink()
-    problems, _, _ = context_problems(base, rows, rows, GRPOConfig(), EvalConfig(), True)
+    problems, _, _ = context_problems(base, rows, rows, GRPOStageConfig(), EvalConfig(), True)
     assert len(problems) == 1 and "has no chat template" in problems[0] and "data.prompt_format=text" in problems[0]
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_pipeline.configs.schema import ConfigError, GRPOConfig, load_config
+from grpo_pipeline.configs.schema import ConfigError, GRPOStageConfig, load_config
 from grpo_pipeline.rewards import build_rewards
 from grpo_pipeline.tasks.core import hub
 from grpo_pipeline.tasks.data import load_source
@@ -129,7 +129,7 @@ def test_humaneval_recipe(shared_data, code_sandbox):
 
 
 def _trl_args(tmp_path, **fields):
-    cfg = GRPOConfig(**fields)
+    cfg = GRPOStageConfig(**fields)
     common = {"output_dir": str(tmp_path), "report_to": [], "bf16": False}  # as precision_args gives on CPU
     return trl_grpo_args(cfg, common, [1.0] * len(cfg.rewards))
 

@@ -139,7 +139,7 @@ def test_a_second_serve_says_the_stack_is_up(stack: Stack) -> None:
 def test_deployment_parameters_are_a_typed_form_with_help(stack: Stack) -> None:
     schema = api(stack, "GET", "/deployments/name/grpo-pipeline/local")["parameter_openapi_schema"]
     assert set(schema["properties"]) == {"config", "recipe", "overrides"}
-    grpo = schema["definitions"]["GRPOConfig"]["properties"]
+    grpo = schema["definitions"]["GRPOStageConfig"]["properties"]
     assert "prompts_per_step" in grpo and "Distinct prompts" in grpo["prompts_per_step"]["description"]
 
 
