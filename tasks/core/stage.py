@@ -49,7 +49,7 @@ class RunContext(BaseModel):
     experiment: str
     recipe: str
     seed: int
-    # How training stages launch (configs/schema.py DistributedConfig): how they run, not what they compute.
+    # How training stages launch (configs/distributed.py DistributedConfig): how they run, not what they compute.
     num_processes: int = Field(default=1, json_schema_extra=UNKEYED)
     accelerate_config: str | None = Field(default=None, json_schema_extra=UNKEYED)
 

@@ -4,7 +4,7 @@ A GRPO round can fail without an error: every group of completions gets one rewa
 learn; the design notes measured 93% such groups from a weak SFT start), the policy collapses onto a few answers
 (entropy falls towards 0), completions shrink to nothing or run to the length limit, the policy drifts far from its
 reference (KL, when beta > 0), most updates hit the clipping range, the reward never rises, or the loss turns NaN.
-Each has an alarm whose threshold is in `monitors.*` (configs/schema.py, MonitorsConfig).
+Each has an alarm whose threshold is in `monitors.*` (configs/monitors.py, MonitorsConfig).
 
 Readings are window means over `monitors.window_steps` optimizer steps: the round's *start* is its first window,
 *now* the latest one (TRL logs every `grpo.log_every_steps` steps, averaged over those steps). Two readings come
