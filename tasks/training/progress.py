@@ -112,14 +112,18 @@ class ConsoleProgress(TrainerCallback):
         self._show()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.bar is not None:
-            self._show()
-            self.bar.close()
-            self.bar = None
+        self.close()
         if state.is_world_process_zero:
             loss = "-" if self.train_loss is None else f"{self.train_loss:.4f}"
             last = f" (last logged: {self.line()})" if self.line() else ""
             logger.info("%s finished: %d steps, train loss %s%s", self.stage, state.global_step, loss, last)
+
+    def close(self) -> None:
+        """End the bar where it stands (with its last numbers); a no-op once ended."""
+        if self.bar is not None:
+            self._show()
+            self.bar.close()
+            self.bar = None
 
     def line(self) -> str:
         """The key numbers as the progress line shows them: `loss=0.0123, reward=0.875, probe acc=0.95`."""
@@ -161,4 +165,7 @@ def console_progress(trainer: Trainer, stage: str) -> Iterator[ConsoleProgress]:
     )
     replace_progress_display(trainer, progress)
     with logging_redirect_tqdm():
-        yield progress
+        try:
+            yield progress
+        finally:  # training that raised never reached on_train_end
+            progress.close()
