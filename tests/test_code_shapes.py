@@ -14,11 +14,15 @@ and its wrong twin (0.0), through the `code_tests` reward and real sandboxes:
 from __future__ import annotations
 
 import builtins
+import json
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from grpo_pipeline.cli import app
 from grpo_pipeline.rewards.registry import build_reward
 
 pytestmark = pytest.mark.integration
@@ -424,3 +428,19 @@ def test_a_callback_that_calls_the_program_back(code_tests: Any) -> None:
     check = "def check(candidate):\n    assert candidate(lambda v: candidate(None, v), 5) == 11\n"
     wrong = "def apply(fn, x):\n    return x * 2 if fn is None else fn(x) - 1\n"
     assert score_all(code_tests, [humaneval(program, check, "apply"), humaneval(wrong, check, "apply")]) == [1.0, 0.0]
+
+
+def test_rewards_score_gives_every_honest_shape_1_and_every_wrong_twin_0(code_sandbox: None, tmp_path: Path) -> None:
+    """The same rows through `grpo-pipeline rewards score`, as a user tries a dataset before training."""
+    rows = [
+        {**row, "kind": kind}
+        for honest, wrong in SHAPES.values()
+        for kind, row in (("honest", honest), ("wrong", wrong))
+    ]
+    source, out = tmp_path / "rows.jsonl", tmp_path / "scored.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["rewards", "score", "--rewards", "code_tests", "--input", str(source), "--output", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    scored = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["code_tests"] for r in scored] == [1.0 if r["kind"] == "honest" else 0.0 for r in scored]
