@@ -1,9 +1,9 @@
 """Releasing a model: what the register stage and `grpo-pipeline eval` share.
 
-    release/
-      gate.py          champion or challenger: the paired comparison with the current champion
-      versions.py      registered versions: pending, finished, re-gated after an interruption
-      logged_model.py  the policy as an MLflow transformers model, its requirements, the completions table
-      card.py          the model card
-      lineage.py       provenance tags: eval settings, code version, library versions
+release/
+  gate.py          champion or challenger: the paired comparison with the current champion
+  versions.py      registered versions: pending, finished, re-gated after an interruption
+  logged_model.py  the policy as an MLflow transformers model, its requirements, the completions table
+  card.py          the model card
+  lineage.py       provenance tags: eval settings, code version, library versions
 """

@@ -1,11 +1,11 @@
 """The training scaffold the SFT and GRPO stages share, and its trainer callbacks.
 
-    training/
-      trainer.py      train_policy: one MLflow run, resume, an atomic save; model loading and TRL arguments
-      checkpoints.py  periodic resumable checkpoints, sealed when complete
-      progress.py     per training stage: its console progress line and a Prefect progress artifact
-      health.py       a GRPO round's health watch and its trainer callback
-      monitor.py      the alarm logic itself (readings in, alarms out)
-      probe.py        the held-out accuracy probe: greedy accuracy during GRPO
-      tiny_model.py   the char-level tiny model of the CPU recipes
+training/
+  trainer.py      train_policy: one MLflow run, resume, an atomic save; model loading and TRL arguments
+  checkpoints.py  periodic resumable checkpoints, sealed when complete
+  progress.py     per training stage: its console progress line and a Prefect progress artifact
+  health.py       a GRPO round's health watch and its trainer callback
+  monitor.py      the alarm logic itself (readings in, alarms out)
+  probe.py        the held-out accuracy probe: greedy accuracy during GRPO
+  tiny_model.py   the char-level tiny model of the CPU recipes
 """
