@@ -637,22 +637,19 @@ class _ProgramSide:
                 return to_bytes(encode(("e", "Exception", "unprintable")))
 
 
-def serve_program(program: str, req_fd: int, resp_fd: int, out_fd: int) -> None:
-    """The program's process: wait for the mode the tests ask for, then run as it says. Never returns.
+def serve_program(mode: str, program: str, req_fd: int, resp_fd: int, out_fd: int) -> None:
+    """The program's process, in the mode the host sent with the program (at once, while the tests are read).
+    Never returns.
 
-    ("load",): run the program once, send the names it defines, then answer requests until the pipe closes.
-    ("stdio",): run a fresh copy of the program for every input the tests send (`_serve_stdio`).
+    "load": run the program once, send the names it defines, then answer requests until the pipe closes.
+    "stdio": run a fresh copy of the program for every input the tests send (`_serve_stdio`).
     """
     import signal
 
     # Python's default, which the harness side ignores: a SIGINT from the program must not raise KeyboardInterrupt
     # (a "broken test", scored None) in the process that runs the tests
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        mode = receive(req_fd)
-    except BaseException:
-        os._exit(0)
-    if mode == ("stdio",):
+    if mode == "stdio":
         _serve_stdio(program, req_fd, resp_fd, out_fd)
         os._exit(0)
     global _REFS
@@ -978,9 +975,6 @@ class Channel:
             except OSError:
                 pass
 
-    def start(self, mode: str) -> None:
-        self._send((mode,))
-
     def ready(self) -> list[str]:
         """The names the program defines, or raise CandidateFailure if it did not load."""
         msg = self._receive()
@@ -1149,12 +1143,10 @@ def run_tests(spec: dict[str, Any], channel: Channel) -> dict[str, Any]:
     _REFS = _TestsSide(channel)
     try:
         if spec["kind"] == "stdio":
-            channel.start("stdio")
             result["loaded"] = True
             _run_stdio(spec, channel, units)
             result["completed"] = True
         else:
-            channel.start("load")
             names = channel.ready()
             result["loaded"] = True
             _run_calls(spec, channel, names, units, result)
@@ -1323,7 +1315,8 @@ def run_program(config: dict[str, Any], spec_fd: int, verdict_fd: int, out_fd: i
         resource.setrlimit(getattr(resource, name), (value, value))
     _become_sandbox_user(config)
     write_message(verdict_fd, b"started")
-    program = from_bytes(read_message(spec_fd))
+    message = from_bytes(read_message(spec_fd))  # the mode ("stdio" or "load"), a newline, the program
+    mode, _, program = message.partition("\n")
     req_r, req_w = os.pipe()
     resp_r, resp_w = os.pipe()
     pid = os.fork()
@@ -1331,7 +1324,7 @@ def run_program(config: dict[str, Any], spec_fd: int, verdict_fd: int, out_fd: i
         try:
             for fd in (spec_fd, verdict_fd, req_w, resp_r):
                 os.close(fd)
-            serve_program(program, req_r, resp_w, 2)
+            serve_program(mode, program, req_r, resp_w, 2)
         finally:
             os._exit(0)
     os.close(req_r)

@@ -485,7 +485,10 @@ class Sandbox:
     ) -> tuple[RunResult, bool]:
         """Feed the program and its tests, collect the verdict and the output; (result, whether the server died)."""
         c = self.config
-        pending = _frame(_harness.to_bytes(job.program)) + _frame(_harness.to_bytes(_harness.encode(spec)))
+        # message 1: how the program runs (stdin/stdout cases, or loaded once and called) and the program itself;
+        # message 2, read only after the program's process is forked: the tests and the nonce
+        mode = "stdio" if spec["kind"] == "stdio" else "load"
+        pending = _frame(_harness.to_bytes(f"{mode}\n{job.program}")) + _frame(_harness.to_bytes(_harness.encode(spec)))
         os.set_blocking(spec_w, False)
         verdict, output = bytearray(), bytearray()
         output_bytes, server_died, verdict_done = 0, False, False
