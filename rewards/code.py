@@ -7,7 +7,7 @@ Test styles, chosen per row from the dataset columns (docs/rewards.md has a tabl
   - MBPP (Austin et al. 2021): `test_list` (or `test` as a list) holds assert statements, e.g.
     `assert remove_Occ("hello","l") == "heo"`; optional `test_setup_code` runs after the program, in its process.
   - stdin/stdout and call-based tests of APPS/TACO, CodeContests, LiveCodeBench and open-r1, parsed by
-    rewards/code_formats.py: each stdin case runs the program afresh; call-based cases call its entry point.
+    rewards/code_formats/: each stdin case runs the program afresh; call-based cases call its entry point.
 
 Scores are 1/0 (`mode="pass"`: every test passed) or the passed fraction (`mode="fraction"`); a HumanEval unit is one
 top-level statement of `check` that contains an assert, an MBPP unit one assert string. Rows without tests get None.
@@ -310,7 +310,7 @@ def code_tests_reward(
 
     Columns: HumanEval style `test` + `entry_point` (program = prompt + completion, or the completion's own code
     block when it defines the function), MBPP style `test_list` (+ optional `test_setup_code`), or the
-    stdin/stdout and call-based formats of rewards/code_formats.py (APPS/TACO `input_output`, CodeContests
+    stdin/stdout and call-based formats of rewards/code_formats/ (APPS/TACO `input_output`, CodeContests
     `public_tests`/`private_tests`/`generated_tests`, LiveCodeBench `public_test_cases`/`private_test_cases`,
     open-r1 `verification_info`). `timeout_s` bounds a whole row; `case_timeout_s` one stdin/stdout case;
     `float_tolerance` lets numbers in stdout differ by that much (absolute, or relative above 1).

@@ -3,7 +3,7 @@
 Every format ends as the same columns: `id` (the source's `task_id`, else the row number), `prompt` (what the model
 sees), `answer` (the reference final answer; for code, the canonical solution or ""), plus what the correctness reward
 reads: `test` + `entry_point` (HumanEval), `test_list` + `test_setup_code` (MBPP), or the test columns of the stdin/
-stdout and call-based code formats below (rewards/code_formats.py parses them), stored as JSON text. The formats:
+stdout and call-based code formats below (rewards/code_formats/ parses them), stored as JSON text. The formats:
 
   - `gsm8k`: `question`, `answer` ending in `#### N` (Cobbe et al. 2021, "Training Verifiers to Solve Math Word
     Problems", github.com/openai/grade-school-math); the answer is N without thousands commas.

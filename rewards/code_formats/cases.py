@@ -1,0 +1,141 @@
+"""The normalized form every format parses into, the columns each format reads, and the value helpers they share."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+# ----------------------------------------------------------------------------- the normalized form
+
+
+@dataclass(frozen=True)
+class StdioCase:
+    """Feed `input` to the program's stdin; its stdout must match `output`."""
+
+    input: str
+    output: str
+
+
+@dataclass(frozen=True)
+class CallCase:
+    """Call the entry with `args` (positional, decoded JSON values); the result must equal `expected`."""
+
+    args: tuple[Any, ...]
+    expected: Any
+
+
+@dataclass(frozen=True)
+class ParsedTests:
+    """One row's tests in the normalized form.
+
+    `entry` is set for "call" tests: a function name ("twoSum") or an expression ("Solution().twoSum"). When
+    `class_name` is set, `entry` is a bare name that the checkers call on an instance of that class when the program
+    defines it, else at module level (APPS and LiveCodeBench test `"class Solution" in code`); `entry_expression`
+    resolves it for one program. `unwrap_single`: a result `out` also passes when `[out] == expected` (APPS).
+    `source` names the format: "apps", "livecodebench", "codecontests" or "open-r1".
+    """
+
+    style: Literal["stdio", "call"]
+    cases: tuple[StdioCase, ...] | tuple[CallCase, ...]
+    entry: str | None = None
+    source: str = ""
+    class_name: str | None = None
+    unwrap_single: bool = False
+
+
+class TestFormatError(ValueError):
+    """A row's tests cannot be parsed (a dataset problem); the message names the column and says why."""
+
+    __test__ = False  # not a pytest test class, despite its name
+
+
+# The columns each format reads, in the order they are tried; `metadata` only supplies LiveCodeBench's func_name.
+FORMAT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "apps": ("input_output",),
+    "livecodebench": ("public_test_cases", "private_test_cases"),
+    "codecontests": ("public_tests", "private_tests", "generated_tests"),
+    "open-r1": ("verification_info",),
+}
+TEST_FORMAT_COLUMNS: tuple[str, ...] = (*(c for cols in FORMAT_COLUMNS.values() for c in cols), "metadata")
+
+SOLUTION_CLASS = "Solution"  # LeetCode-style problems put the function in `class Solution`
+MAX_DECOMPRESSED_BYTES = 1 << 30  # a zlib bomb in a private-test blob stops here, not when memory runs out
+PYTHON_LANGUAGES = ("python", "python3")
+
+
+# ----------------------------------------------------------------------------- value helpers
+
+
+def is_missing(value: Any) -> bool:
+    """None, NaN (pandas' missing), pandas.NA or a blank string."""
+    if value is None or type(value).__name__ in ("NAType", "NaTType"):
+        return True
+    if isinstance(value, float):
+        return value != value
+    return isinstance(value, str) and not value.strip()
+
+
+def plain(value: Any) -> Any:
+    """`value` as plain Python: Parquet/Arrow give numpy arrays for lists (`tolist`), tuples become lists."""
+    if isinstance(value, (str, bytes)):
+        return value
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if hasattr(value, "tolist"):  # numpy arrays and scalars
+        return plain(value.tolist())
+    return value
+
+
+def json_text(value: Any) -> Any:
+    """A test column's value as JSON text (missing values and strings unchanged), so that rows of one column have
+    one type whatever their shapes: Parquet cannot store a column mixing e.g. lists of strings and lists of lists."""
+    if is_missing(value) or isinstance(value, str):
+        return value
+    return json.dumps(plain(value))
+
+
+def decoded(value: Any, column: str) -> Any:
+    """A column's value, decoded from JSON text when it is a string."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8")
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as e:
+            raise TestFormatError(f"column {column!r} is not valid JSON ({e.msg} at character {e.pos})") from None
+    return plain(value)
+
+
+def as_mapping(value: Any, column: str, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TestFormatError(f"column {column!r}: {what} must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def as_sequence(value: Any, column: str, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise TestFormatError(f"column {column!r}: {what} must be a list, not {type(value).__name__}")
+    return value
+
+
+def as_text(value: Any, column: str, what: str) -> str:
+    """A stdin/stdout text: a string, or a list of lines joined with newlines (APPS's `testing_util.py`)."""
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "\n".join(value)
+    if not isinstance(value, str):
+        raise TestFormatError(f"column {column!r}: {what} must be a string, not {type(value).__name__}")
+    return value
+
+
+def paired(inputs: Any, outputs: Any, column: str, keys: tuple[str, str]) -> list[tuple[Any, Any]]:
+    inputs = as_sequence(inputs, column, f"{keys[0]!r}")
+    outputs = as_sequence(outputs, column, f"{keys[1]!r}")
+    if len(inputs) != len(outputs):
+        raise TestFormatError(
+            f"column {column!r} has {len(inputs)} {keys[0]!r} but {len(outputs)} {keys[1]!r}; they must pair up"
+        )
+    return list(zip(inputs, outputs, strict=True))
