@@ -27,7 +27,7 @@ class TinyModelConfig(Section):
         return self
 
 
-class LoraConfig(Section):
+class LoraAdapterConfig(Section):
     r: int = Field(default=16, ge=1, description="Rank of the adapter matrices.")
     alpha: int = Field(default=32, ge=1, description="Scaling numerator: the update is (alpha / r) * B @ A.")
     dropout: float = Field(default=0.05, ge=0, lt=1, description="Dropout on the adapter's input.")
@@ -48,7 +48,7 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
         default="float32", description="Weights dtype for training; bfloat16 on GPUs."
     )
-    lora: LoraConfig | None = Field(
+    lora: LoraAdapterConfig | None = Field(
         default=None,
         description="Train LoRA adapters (peft) instead of every weight; each stage saves the policy with its "
         "adapter merged in, so the next stage, round, evaluation and registered version see a plain model.",

@@ -21,10 +21,10 @@ from grpo_pipeline.configs.data import FUNCTION_FAMILIES, DataConfig, SyntheticT
 from grpo_pipeline.configs.distributed import DistributedConfig
 from grpo_pipeline.configs.eval import EvalConfig
 from grpo_pipeline.configs.grpo import DifficultyFilterConfig, GRPOStageConfig, RewardSpec
-from grpo_pipeline.configs.model import LoraConfig, ModelConfig, TinyModelConfig
+from grpo_pipeline.configs.model import LoraAdapterConfig, ModelConfig, TinyModelConfig
 from grpo_pipeline.configs.monitors import MonitorsConfig
 from grpo_pipeline.configs.registry import RegistryConfig
-from grpo_pipeline.configs.sft import SFTConfig
+from grpo_pipeline.configs.sft import SFTStageConfig
 
 __all__ = [
     "FUNCTION_FAMILIES",
@@ -35,13 +35,13 @@ __all__ = [
     "DistributedConfig",
     "EvalConfig",
     "GRPOStageConfig",
-    "LoraConfig",
+    "LoraAdapterConfig",
     "ModelConfig",
     "MonitorsConfig",
     "PipelineConfig",
     "RegistryConfig",
     "RewardSpec",
-    "SFTConfig",
+    "SFTStageConfig",
     "SyntheticTaskConfig",
     "TinyModelConfig",
     "apply_overrides",
@@ -63,7 +63,7 @@ class PipelineConfig(Section):
     )
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
-    sft: SFTConfig = Field(default_factory=SFTConfig)
+    sft: SFTStageConfig = Field(default_factory=SFTStageConfig)
     grpo: GRPOStageConfig = Field(default_factory=GRPOStageConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     registry: RegistryConfig = Field(default_factory=RegistryConfig)

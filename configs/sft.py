@@ -7,7 +7,7 @@ from pydantic import Field
 from grpo_pipeline.configs.base import UNKEYED, Section, save_every_steps_field
 
 
-class SFTConfig(Section):
+class SFTStageConfig(Section):
     enabled: bool = Field(default=True, description="Run the SFT warmup; when false GRPO starts from the base model.")
     epochs: float = Field(default=3.0, gt=0, description="Passes over the training split.")
     max_steps: int = Field(default=-1, description="Stop after this many optimizer steps (-1: use epochs).")

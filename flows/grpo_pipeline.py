@@ -262,11 +262,13 @@ def grpo_round(
 
 
 def report(cfg: PipelineConfig, summary: Summary) -> Summary:
-    """Publish the run summary as Prefect artifacts and in the log."""
+    """Publish the run summary as Prefect artifacts; its headline goes to the log."""
     markdown = summary.to_markdown()
     create_markdown_artifact(markdown=markdown, key="grpo-pipeline-summary", description="Run summary")
     create_table_artifact(
         table=summary.score_table(), key="grpo-pipeline-scores", description=f"Held-out scores ({cfg.name})"
     )
-    get_run_logger().info("pipeline finished:\n%s", markdown)
+    logger = get_run_logger()  # the whole summary is the artifact (and the CLI prints it); the log gets one line
+    logger.info("pipeline finished: %s (summary: artifact grpo-pipeline-summary)", summary.headline())
+    logger.debug("run summary:\n%s", markdown)
     return summary

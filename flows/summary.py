@@ -146,6 +146,14 @@ class Summary(BaseModel):
     def total_seconds(self) -> float:
         return sum(s.seconds for s in self.stages)
 
+    def headline(self) -> str:
+        """One line: the gating metric of each model, what was registered, the wall time."""
+        scores = ", ".join(f"{row.model} {row.value:.3f}" for row in self.rounds)
+        metric = self.rounds[0].metric if self.rounds else ""
+        registered = "; ".join(f"{r.model_name} v{r.version} -> {r.alias}" for r in self.registrations)
+        parts = [f"{metric}: {scores}" if scores else "", f"registered {registered}" if registered else ""]
+        return "; ".join([p for p in parts if p] + [f"{self.total_seconds:.0f} s"])
+
     def score_table(self) -> list[dict[str, str | float | int]]:
         """One row per evaluated model with its scores and the eval settings (a Prefect table artifact)."""
         return [
@@ -224,10 +232,13 @@ class Summary(BaseModel):
         """The registered versions, what the gate decided on which metric, and why where it could not compare."""
         metrics = {r.gate.metric for r in self.registrations}
         value = metrics.pop() if len(metrics) == 1 else "gating metric"
-        lines = [
-            f"| model version | alias | gate | {value} | champion | difference [95% CI] | n |",
+        names = {r.model_name for r in self.registrations}
+        one_name = names.pop() if len(names) == 1 else None  # then said once, above a table that fits 80 columns
+        lines = [f"Registered versions of {one_name}:", ""] if one_name else []
+        lines += [
+            f"| version | alias | gate | {value} | champion | difference [95% CI] | n |",
             "|---|---|---|---:|---|---|---:|",
-            *(_registration_row(r, metric=value == "gating metric") for r in self.registrations),
+            *(_registration_row(r, metric=value == "gating metric", name=not one_name) for r in self.registrations),
         ]
         unscored = [r for r in self.registrations if r.gate.decision == "unscored"]
         if unscored:
@@ -247,12 +258,13 @@ class Summary(BaseModel):
         return lines
 
 
-def _registration_row(r: Registration, metric: bool = False) -> str:
+def _registration_row(r: Registration, metric: bool = False, name: bool = True) -> str:
     g = r.gate
+    version = f"{r.model_name} v{r.version}" if name else f"v{r.version}"
     champion = "-" if g.champion_version is None else f"v{g.champion_version} ({g.champion:.3f})"
     diff = "-" if g.delta is None else f"{g.delta:+.3f} [{g.ci_low:+.3f}, {g.ci_high:+.3f}]"
     value = f"{g.metric} {g.challenger:.3f}" if metric else f"{g.challenger:.3f}"
-    return f"| {r.model_name} v{r.version} | {r.alias} | {g.decision} | {value} | {champion} | {diff} | {g.n} |"
+    return f"| {version} | {r.alias} | {g.decision} | {value} | {champion} | {diff} | {g.n} |"
 
 
 def _cell_width(texts: Sequence[str]) -> int:

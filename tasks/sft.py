@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo_pipeline.configs.schema import ModelConfig, SFTConfig
+from grpo_pipeline.configs.schema import ModelConfig, SFTStageConfig
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.core.launch import launched
 from grpo_pipeline.tasks.core.stage import RunContext, stage
@@ -26,16 +26,15 @@ if TYPE_CHECKING:  # the training libraries load when SFT runs, not when a cache
 @stage("sft")
 @launched
 def sft_warmup(
-    base: Checkpoint, train: Ref, cfg: SFTConfig, model_cfg: ModelConfig, ctx: RunContext, out: Path
+    base: Checkpoint, train: Ref, cfg: SFTStageConfig, model_cfg: ModelConfig, ctx: RunContext, out: Path
 ) -> Checkpoint:
     """Fine-tune `base` on the training split; returns the saved checkpoint (with its MLflow run id)."""
-    from trl import SFTConfig as TRLSFTConfig
-    from trl import SFTTrainer
+    from trl import SFTConfig, SFTTrainer
 
     dataset = load_split(train.require(), ["prompt", "completion"])
 
     def build(common: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> SFTTrainer:
-        args = TRLSFTConfig(
+        args = SFTConfig(
             **common,
             num_train_epochs=cfg.epochs,
             max_steps=cfg.max_steps,

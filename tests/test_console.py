@@ -149,13 +149,28 @@ def test_the_summary_keeps_every_metric_name_whole_at_100_columns():
 
 def test_the_summary_shows_why_the_gate_left_a_version_unscored():
     text = rendered(default_like_summary(), 100)
-    assert re.search(r"tiny-arith-grpo v3 +challenger +unscored", text)
+    assert "Registered versions of tiny-arith-grpo:" in text
+    assert re.search(r"^ v3 +challenger +unscored", text, re.MULTILINE)
     flat = " ".join(text.split())  # the reason wraps over lines
     assert f"tiny-arith-grpo v3: {UNSCORED_REASON}" in flat
     assert "kept champion" in text and "-0.008 [-0.016, -0.002]" in text
+
+
+def test_an_80_column_console_truncates_nothing():
+    text = rendered(default_like_summary(), 80)
+    assert "…" not in text
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
+    assert re.search(r"^ v2 +challenger +kept champion +0.992 +v1 \(1.000\)", text, re.MULTILINE)
 
 
 def test_a_narrow_width_splits_the_score_columns_by_family():
     groups = default_like_summary().score_groups(width=60)
     assert [c for g in groups for c in g] == METRICS
     assert ["reward/correctness", "reward/format"] in groups and ["maj_at_1", "maj_at_4", "maj_at_8"] in groups
+
+
+def test_the_log_gets_a_one_line_headline_of_the_summary():
+    line = default_like_summary().headline()
+    assert "\n" not in line
+    assert line.startswith("accuracy: sft 0.786, grpo round 1 1.000; registered tiny-arith-grpo v1 -> champion")
+    assert line.endswith("; 148 s")
