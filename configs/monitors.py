@@ -24,8 +24,21 @@ class MonitorsConfig(Section):
         ge=0,
         le=1,
         description="Alarm when more than this fraction of the prompt groups in a window got the same weighted "
-        "reward for every completion (zero advantage, no gradient). Computed from the rewards themselves and "
-        "logged as health/zero_spread_frac.",
+        "reward for every completion (zero advantage, no gradient) without being solved: all wrong, or equally "
+        "partly right. Computed from the rewards themselves; logged as health/zero_spread_frac (every zero-spread "
+        "group) and health/solved_frac (the solved ones, which are saturation, not this alarm).",
+    )
+    saturated_min: float = Field(
+        default=0.9,
+        ge=0,
+        le=1,
+        description="Saturation, a note and not an alarm: when more than this fraction of the prompt groups in a "
+        "window were solved (every completion right on the correctness reward, eval.correctness_reward), the round "
+        "says so (log, MLflow tag health.saturated, run summary). Such groups do not count towards zero_spread_max.",
+    )
+    stop_when_saturated: bool = Field(
+        default=False,
+        description="End the round at saturation (a normal end: the policy is kept and evaluated as usual).",
     )
     kl_max: float = Field(
         default=1.0,

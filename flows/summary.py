@@ -115,6 +115,8 @@ class Summary(BaseModel):
     difficulty_filters: list[DifficultyResult] = []
     # Each GRPO round's training-health alarms (tasks/training/health.py), in round order; empty for healthy rounds.
     health: list[list[str]] = []
+    # Each GRPO round's notes that are no alarm (saturation, the step it kept), in round order.
+    notes: list[list[str]] = []
 
     @classmethod
     def build(
@@ -140,6 +142,7 @@ class Summary(BaseModel):
             },
             difficulty_filters=[r.difficulty for r in rounds if r.difficulty is not None],
             health=[list(r.policy.alarms) for r in rounds],
+            notes=[list(r.policy.notes) for r in rounds],
         )
 
     @property
@@ -207,6 +210,9 @@ class Summary(BaseModel):
             lines += ["", *(f"Difficulty filter before {f.label}: {f.describe()}." for f in self.difficulty_filters)]
         if self.health:
             lines += ["", *self.health_lines()]
+        if any(self.notes):
+            lines += ["", "Round notes:", ""]
+            lines += [f"- round {i}: {note}" for i, notes in enumerate(self.notes, 1) for note in notes]
         if self.registrations:
             lines += ["", *self.registration_lines()]
         return "\n".join(lines)

@@ -138,7 +138,9 @@ def grpo_train(
     monitors = monitors or MonitorsConfig()
     stage_name = round_name(round_index)
     reward_fns, weights = build_rewards(cfg.rewards)
-    health = RoundHealth(monitors, stage_name, cfg.beta, cfg.generations_per_prompt, weights)
+    names = [spec.name for spec in cfg.rewards]
+    correctness_index = names.index(correctness_reward) if correctness_reward in names else None
+    health = RoundHealth(monitors, stage_name, cfg.beta, cfg.generations_per_prompt, weights, correctness_index)
     if monitors.enabled:
         reward_fns = health.wrap_rewards(reward_fns)  # records each step's rewards for the zero-spread reading
     dataset = load_split(train.require())
@@ -168,6 +170,7 @@ def grpo_train(
         build=build,
         save_every_steps=cfg.save_every_steps,
         keep_checkpoints=cfg.keep_checkpoints,
-        meta={"round": round_index, "alarms": health.alarms},  # filled in during training, saved after it
+        # filled in during training, saved after it
+        meta={"round": round_index, "alarms": health.alarms, "notes": health.notes},
     )
-    return policy.model_copy(update={"alarms": tuple(health.alarms)})
+    return policy.model_copy(update={"alarms": tuple(health.alarms), "notes": tuple(health.notes)})

@@ -174,3 +174,10 @@ def test_the_log_gets_a_one_line_headline_of_the_summary():
     assert "\n" not in line
     assert line.startswith("accuracy: sft 0.786, grpo round 1 1.000; registered tiny-arith-grpo v1 -> champion")
     assert line.endswith("; 148 s")
+
+
+def test_round_notes_are_listed_after_the_health_part():
+    summary = default_like_summary().model_copy(update={"notes": [[], ["saturated at step 40: 95% of the groups"]]})
+    text = summary.to_markdown()
+    assert "Round notes:\n\n- round 2: saturated at step 40: 95% of the groups" in text
+    assert "Round notes" not in default_like_summary().to_markdown()  # none to say: no heading

@@ -92,6 +92,38 @@ def test_zero_spread_is_read_from_the_rewards_not_from_their_float32_std():
         StepRewards.of([1.0] * 12, group_size=8)
 
 
+def test_solved_groups_are_told_apart_from_unsolved_ones():
+    right, wrong = [1.0] * 4, [0.0] * 4
+    partly = [1.0, 0.0, 1.0, 1.0]
+    one_unscored = [1.0, 1.0, 1.0, math.nan]
+    totals = right + wrong + partly + one_unscored
+    correct = [t == 1.0 for t in totals]
+    step = StepRewards.of(totals, group_size=4, correct=correct)
+    assert (step.groups, step.zero_spread, step.solved, step.no_signal) == (4, 3, 1, 2)
+    assert step.zero_spread_reward == pytest.approx((0.0 + 1.0) / 2)  # the unsolved zero-spread groups' mean
+    assert StepRewards.of(totals, group_size=4).solved == 0  # without a correctness reading nothing is solved
+    with pytest.raises(ValueError, match="correctness readings"):
+        StepRewards.of(totals, group_size=4, correct=correct[:-1])
+
+
+def solved_step(solved: int, groups: int = 100, spread: int = 0) -> StepRewards:
+    """`groups` groups: `solved` all right, `spread` with reward spread, the rest all wrong."""
+    wrong = groups - solved - spread
+    return StepRewards(groups, solved + wrong, 0.0 if wrong else None, solved / groups, 8 * groups, solved=solved)
+
+
+def test_a_converged_round_is_saturated_not_alarmed_and_an_all_wrong_one_is_alarmed():
+    # 99% sampled accuracy with 8 generations: 0.99**8 = 92% of the groups are all right
+    converged = HealthMonitor(quiet(window_steps=4, zero_spread_max=0.9, saturated_min=0.9))
+    assert feed(converged, range(1, 13), step_rewards=solved_step(92, spread=8)) == []
+    assert converged.saturation is not None and converged.saturation.step == 4
+    assert str(converged.saturation).startswith("saturated at step 4: 92% of the prompt groups over steps 1-4")
+
+    hopeless = HealthMonitor(quiet(window_steps=4, zero_spread_max=0.9, saturated_min=0.9))
+    assert feed(hopeless, range(1, 13), step_rewards=solved_step(0, spread=5)) == ["zero_spread"]
+    assert hopeless.saturation is None
+
+
 # ----------------------------------------------------------------------------- detection on synthetic sequences
 
 
@@ -381,11 +413,15 @@ def tiny(tmp_path_factory):
         yield Tiny(run_dir, data.train, base, sft, ctx)
 
 
-def train_round(tiny: Tiny, start: Checkpoint, overrides: list[str], monitors: MonitorsConfig) -> Checkpoint:
+def train_round(
+    tiny: Tiny, start: Checkpoint, overrides: list[str], monitors: MonitorsConfig, correctness: str = "correctness"
+) -> Checkpoint:
     from grpo_pipeline.tasks.grpo import grpo_train
 
     cfg = load_config(None, [*TINY, f"run_dir={tiny.run_dir}", *overrides])
-    return grpo_train(start, tiny.train, cfg.grpo, cfg.model, 1, tiny.ctx, monitors=monitors)
+    return grpo_train(
+        start, tiny.train, cfg.grpo, cfg.model, 1, tiny.ctx, correctness_reward=correctness, monitors=monitors
+    )
 
 
 def run_of(policy: Checkpoint) -> mlflow.entities.Run:
@@ -418,6 +454,30 @@ def test_a_constant_reward_raises_zero_spread_and_stagnation(tiny):
     assert run.data.metrics["health/alarm/reward_stagnation"] == 1.0
     history = mlflow.MlflowClient().get_metric_history(policy.run_id, "health/zero_spread_frac")
     assert sorted(m.step for m in history) == [1, 2, 3, 4, 5, 6] and {m.value for m in history} == {1.0}
+
+
+@pytest.mark.integration
+def test_a_saturated_round_is_noted_ends_early_and_is_not_held_back(tiny):
+    """The same constant reward, now the correctness reward: every group is solved. No alarm, a saturation note in
+    the checkpoint, meta.json and MLflow, and with stop_when_saturated the round ends at the first full window."""
+    policy = train_round(
+        tiny,
+        tiny.base,
+        ["grpo.steps_per_round=8", "grpo.generations_per_prompt=4", "grpo.prompts_per_step=2",
+         "grpo.rewards=[{name: 'health_rewards:constant', weight: 0.3}]"],
+        quiet(window_steps=2, zero_spread_max=0.9, stagnation_steps=4, saturated_min=0.9, stop_when_saturated=True),
+        correctness="health_rewards:constant",
+    )  # fmt: skip
+    assert policy.alarms == ()  # neither zero_spread nor stagnation: a solved prompt is no failure to learn
+    [note] = policy.notes
+    assert note.startswith("saturated at step 2: 100% of the prompt groups over steps 1-2 were solved")
+    assert json.loads((Path(policy.path) / "meta.json").read_text())["notes"] == [note]
+    run = run_of(policy)
+    assert run.data.tags["health.status"] == "healthy" and run.data.tags["health.saturated"] == note
+    steps = [m.step for m in mlflow.MlflowClient().get_metric_history(policy.run_id, "health/solved_frac")]
+    assert max(steps) == 2  # ended at saturation, 6 steps short of the round
+    gate = GateDecision(metric="accuracy", promote=True, reason="first version", challenger=1.0, n=8, min_delta=0)
+    assert health_rule(gate, policy.alarms, RegistryConfig()).promote
 
 
 @pytest.mark.integration

@@ -106,6 +106,8 @@ class Checkpoint(Ref):
     resumed_from_step: int | None = None
     # Training-health alarms a GRPO round raised (tasks/training/health.py), one line each; empty for a healthy round.
     alarms: tuple[str, ...] = ()
+    # What a GRPO round says that is no alarm: saturation, which step it kept and why; one line each.
+    notes: tuple[str, ...] = ()
 
     @property
     def on_hub(self) -> bool:

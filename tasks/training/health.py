@@ -10,7 +10,10 @@ Readings are window means over `monitors.window_steps` optimizer steps: the roun
 *now* the latest one (TRL logs every `grpo.log_every_steps` steps, averaged over those steps). Two readings come
 from the rewards themselves rather than from TRL's metrics: the fraction of groups with zero reward spread (TRL's
 `frac_reward_zero_std` reads 0 with weighted rewards: the float32 std of equal weighted rewards is ~1e-8, not 0)
-and the mean reward per step.
+and the mean reward per step. A zero-spread group whose every completion is correct (the correctness reward gives
+it full marks) is *solved*: it gives no gradient either, but because the policy has learned the prompt, so it does
+not count towards the zero_spread alarm; when most groups are solved the round notes saturation (not an alarm,
+nothing it holds back) and, with `monitors.stop_when_saturated`, ends.
 
 Parts: `HealthMonitor` (tasks/training/monitor.py) is pure (readings in, alarms out) and unit-tested on synthetic
 sequences; `RoundHealth` (here) is one round's glue (wraps the reward functions, reports alarms to the log and
@@ -28,6 +31,7 @@ from grpo_pipeline.configs.schema import MonitorsConfig
 from grpo_pipeline.tasks.core.common import logger
 from grpo_pipeline.tasks.training.monitor import (
     MLFLOW_TAG,
+    SOLVED_METRIC,
     ZERO_SPREAD_METRIC,
     Alarm,
     HealthMonitor,
@@ -47,14 +51,27 @@ class RoundHealth:
     and `alarms`, the list the round's Checkpoint and meta.json carry). With `monitors.fail_fast`, or weights that
     are no longer finite, the first alarm raises TrainingHealthError."""
 
-    def __init__(self, cfg: MonitorsConfig, stage: str, beta: float, group_size: int, weights: Sequence[float]) -> None:
+    def __init__(
+        self,
+        cfg: MonitorsConfig,
+        stage: str,
+        beta: float,
+        group_size: int,
+        weights: Sequence[float],
+        correctness_index: int | None = None,
+    ) -> None:
         self.cfg = cfg
+        # Which reward function is the correctness reward (a score >= 1.0 is a correct completion), to tell solved
+        # zero-spread groups (saturation) from unsolved ones (the zero_spread alarm); None: no group counts as solved.
+        self.correctness_index = correctness_index
         self.stage = stage
         self.beta = beta
         self.group_size = group_size
         self.weights = list(weights)
         self.monitor = HealthMonitor(cfg, beta)
         self.alarms: list[str] = []  # mutated in place: meta.json gets the list train_policy was given
+        self.notes: list[str] = []  # what is worth saying but no alarm (saturation); also in meta.json
+        self.stop_requested = False  # monitors.stop_when_saturated: the callback ends training after this step
         self._pending: dict[int, list[float | None]] = {}
         self._logged_to = 0
         self._warned_split = False
@@ -91,8 +108,11 @@ class RoundHealth:
         not a multiple of the process count) cannot read the groups; it says so once and skips the reading."""
         if len(self._pending) == len(self.weights):
             totals = weighted_totals([self._pending[i] for i in range(len(self.weights))], self.weights)
+            correct = None
+            if self.correctness_index is not None:
+                correct = [s is not None and s >= 1.0 for s in self._pending[self.correctness_index]]
             if len(totals) % self.group_size == 0:
-                self.monitor.record_rewards(step, StepRewards.of(totals, self.group_size))
+                self.monitor.record_rewards(step, StepRewards.of(totals, self.group_size, correct))
             elif not self._warned_split:
                 self._warned_split = True
                 logger.warning(
@@ -136,12 +156,26 @@ class RoundHealth:
                 )
             )
         self._report(alarms)
+        self._note_saturation()
+
+    def _note_saturation(self) -> None:
+        saturation = self.monitor.saturation
+        if saturation is None or str(saturation) in self.notes:
+            return
+        self.notes.append(str(saturation))
+        logger.info("%s: %s", self.stage, saturation)
+        _set_tags({f"{MLFLOW_TAG}saturated": str(saturation)[:5000]})
+        _log_metrics({"health/saturated": 1.0}, saturation.step)
+        if self.cfg.stop_when_saturated:
+            self.stop_requested = True
+            logger.info("%s: ending the round at step %d (monitors.stop_when_saturated)", self.stage, saturation.step)
 
     def log(self, step: int, logs: Mapping[str, Any]) -> None:
         self.monitor.record_logs(step, logs)
         zero = self.monitor.zero_spread_fraction(self._logged_to, step)
         if zero is not None:
-            _log_metrics({ZERO_SPREAD_METRIC: zero}, step)
+            solved = self.monitor.zero_spread_fraction(self._logged_to, step, "solved") or 0.0
+            _log_metrics({ZERO_SPREAD_METRIC: zero, SOLVED_METRIC: solved}, step)
             self._logged_to = step
         self._report(self.monitor.check(step))
 
@@ -203,6 +237,8 @@ def health_callback(health: RoundHealth) -> TrainerCallback:
 
         def on_step_end(self, args, state, control, model=None, **kwargs):
             health.step_end(state.global_step, model)
+            if health.stop_requested:
+                control.should_training_stop = True
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             health.log(state.global_step, logs or {})

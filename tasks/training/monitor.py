@@ -53,6 +53,7 @@ RATIO_ALARMS = {
 MLFLOW_TAG = "health."  # health.status and health.alarm.<kind> on the round's run
 
 ZERO_SPREAD_METRIC = "health/zero_spread_frac"
+SOLVED_METRIC = "health/solved_frac"  # the zero-spread groups whose every completion is correct
 
 
 class TrainingHealthError(RuntimeError):
@@ -130,33 +131,49 @@ def weighted_totals(scores: Sequence[Sequence[float | None]], weights: Sequence[
 @dataclass(frozen=True)
 class StepRewards:
     """What one step's weighted rewards say: how many prompt groups, how many with zero spread (and their mean
-    reward), and the mean reward of the scored completions."""
+    reward), how many of those are solved (every completion correct), and the mean reward of the scored completions.
+
+    A zero-spread group gives no gradient either way, but for opposite reasons: all wrong, the policy has no signal
+    on that prompt (an alarm when most groups are so); all right, it has solved the prompt (saturation: success)."""
 
     groups: int
     zero_spread: int
-    zero_spread_reward: float | None  # mean reward of the zero-spread groups (None: there are none)
+    zero_spread_reward: float | None  # mean reward of the zero-spread groups that are not solved (None: none)
     mean: float | None  # None: no completion was scored
     scored: int
+    solved: int = 0  # zero-spread groups whose every completion got full marks from the correctness reward
+
+    @property
+    def no_signal(self) -> int:
+        """Zero-spread groups that are not solved: the ones that say the policy cannot learn from that prompt."""
+        return self.zero_spread - self.solved
 
     @classmethod
-    def of(cls, totals: Sequence[float], group_size: int) -> StepRewards:
+    def of(cls, totals: Sequence[float], group_size: int, correct: Sequence[bool] | None = None) -> StepRewards:
         """From the weighted rewards of consecutive groups of `group_size` completions (TRL's order: the G
         completions of a prompt are adjacent; NaN = unscored). A group's spread is max - min of its scored rewards;
-        a group with fewer than two scored completions has none either (its advantages are 0)."""
+        a group with fewer than two scored completions has none either (its advantages are 0). `correct` (one per
+        completion, from the correctness reward) tells solved groups apart; without it none counts as solved."""
         if len(totals) % group_size:
             raise ValueError(f"{len(totals)} rewards do not split into groups of {group_size} completions")
-        zero_means = []
+        if correct is not None and len(correct) != len(totals):
+            raise ValueError(f"{len(correct)} correctness readings for {len(totals)} rewards")
+        zero_means, solved = [], 0
         for i in range(0, len(totals), group_size):
             group = [t for t in totals[i : i + group_size] if not math.isnan(t)]
             if len(group) < 2 or max(group) - min(group) <= ZERO_SPREAD_TOL:
-                zero_means.append(sum(group) / len(group) if group else 0.0)
+                if correct is not None and len(group) == group_size and all(correct[i : i + group_size]):
+                    solved += 1
+                else:
+                    zero_means.append(sum(group) / len(group) if group else 0.0)
         scored = [t for t in totals if not math.isnan(t)]
         return cls(
             groups=len(totals) // group_size,
-            zero_spread=len(zero_means),
+            zero_spread=len(zero_means) + solved,
             zero_spread_reward=sum(zero_means) / len(zero_means) if zero_means else None,
             mean=sum(scored) / len(scored) if scored else None,
             scored=len(scored),
+            solved=solved,
         )
 
 
@@ -171,8 +188,10 @@ class HealthMonitor:
         self.cfg = cfg
         self.beta = beta
         self.first_step = first_step  # > 0 when a round resumes from a periodic checkpoint
-        self.series: dict[str, Series] = {name: Series() for name in (*TRL_KEYS, "reward", "zero_spread")}
-        self.zero_spread_reward = Series()  # mean reward of the zero-spread groups, for the message
+        names = (*TRL_KEYS, "reward", "zero_spread", "no_signal", "solved")
+        self.series: dict[str, Series] = {name: Series() for name in names}
+        self.zero_spread_reward = Series()  # mean reward of the unsolved zero-spread groups, for the message
+        self.saturation: Alarm | None = None  # set once, when most groups are solved: a note, not an alarm
         self.fired: set[str] = set()
         self.best_reward: float | None = None
         self.nonfinite: tuple[int, str] | None = None
@@ -184,8 +203,10 @@ class HealthMonitor:
     def record_rewards(self, step: int, rewards: StepRewards) -> None:
         """What the rewards of the completions generated for `step` say (see StepRewards.of)."""
         if rewards.groups:
-            self.series["zero_spread"].add(step, rewards.zero_spread / rewards.groups, rewards.groups)
-        self.zero_spread_reward.add(step, rewards.zero_spread_reward, rewards.zero_spread)
+            for name, count in (("zero_spread", rewards.zero_spread), ("no_signal", rewards.no_signal)):
+                self.series[name].add(step, count / rewards.groups, rewards.groups)
+            self.series["solved"].add(step, rewards.solved / rewards.groups, rewards.groups)
+        self.zero_spread_reward.add(step, rewards.zero_spread_reward, rewards.no_signal)
         self.series["reward"].add(step, rewards.mean, rewards.scored)
 
     def record_logs(self, step: int, logs: Mapping[str, Any]) -> None:
@@ -203,9 +224,10 @@ class HealthMonitor:
             if isinstance(value, int | float) and not math.isfinite(value) and self.nonfinite is None:
                 self.nonfinite = (step, f"the logged {key} is {value}")
 
-    def zero_spread_fraction(self, lo: int, hi: int) -> float | None:
-        """The fraction of groups with zero reward spread over steps lo < step <= hi (no reading: None)."""
-        return self.series["zero_spread"].mean(lo, hi, latest_if_empty=False)
+    def zero_spread_fraction(self, lo: int, hi: int, which: str = "zero_spread") -> float | None:
+        """The fraction of groups with zero reward spread over steps lo < step <= hi (no reading: None); `which`:
+        "zero_spread" all of them, "no_signal" the unsolved ones, "solved" the solved ones."""
+        return self.series[which].mean(lo, hi, latest_if_empty=False)
 
     # ------------------------------------------------------------------ alarms
 
@@ -227,17 +249,18 @@ class HealthMonitor:
         lo = step - w
         span = f"steps {max(lo, self.first_step) + 1}-{step}"
 
-        zero = self.zero_spread_fraction(lo, step)
+        zero = self.zero_spread_fraction(lo, step, "no_signal")
         if zero is not None and zero > cfg.zero_spread_max:
             mean = self.zero_spread_reward.mean(lo, step)
             fire(
                 "zero_spread",
-                f"{zero:.0%} of the prompt groups over {span} had zero reward spread (every completion of the prompt "
-                f"got the same reward{'' if mean is None else f', on average {mean:.3g}'}), above "
-                f"monitors.zero_spread_max={cfg.zero_spread_max}: those groups give no advantage and no gradient. "
-                "Give the policy prompts it sometimes solves (a stronger SFT warmup, grpo.difficulty_filter) or a "
-                "denser reward",
+                f"{zero:.0%} of the prompt groups over {span} had zero reward spread without being solved (every "
+                f"completion of the prompt got the same reward{'' if mean is None else f', on average {mean:.3g}'}), "
+                f"above monitors.zero_spread_max={cfg.zero_spread_max}: those groups give no advantage and no "
+                "gradient. Give the policy prompts it sometimes solves (a stronger SFT warmup, "
+                "grpo.difficulty_filter) or a denser reward",
             )
+        self._check_saturation(step, lo, span)
         if self.beta > 0 and (kl := self.series["kl"].mean(lo, step)) is not None and kl > cfg.kl_max:
             fire(
                 "kl",
@@ -254,6 +277,17 @@ class HealthMonitor:
         self._check_against_start(step, fire)
         self._check_stagnation(step, fire)
         return found
+
+    def _check_saturation(self, step: int, lo: int, span: str) -> None:
+        solved = self.zero_spread_fraction(lo, step, "solved")
+        if self.saturation is None and solved is not None and solved > self.cfg.saturated_min:
+            self.saturation = Alarm(
+                "saturated",
+                step,
+                f"{solved:.0%} of the prompt groups over {span} were solved (every completion correct), above "
+                f"monitors.saturated_min={self.cfg.saturated_min}: the policy has little left to learn from these "
+                "prompts (success, not an alarm)",
+            )
 
     def _start(self, name: str) -> tuple[float, int] | None:
         """(the mean over the round's first window, the step that window ends at), once it is complete."""
