@@ -113,6 +113,13 @@ class DataConfig(Section):
     )
     num_train: int = Field(default=4000, ge=1, description="Training problems (rows) after the split.")
     num_eval: int = Field(default=500, ge=1, description="Held-out problems (rows) for evaluation.")
+    num_probe: int = Field(
+        default=128,
+        ge=0,
+        description="Held-out problems (rows) for the GRPO probe (grpo.probe_problems, grpo.keep: best_probe), "
+        "disjoint from both the training and the eval rows, so that what chooses a checkpoint never sees the items "
+        "evaluation and the gate score; 0: no probe split.",
+    )
     seed: int = Field(default=0, description="Seed for generation, shuffling and the train/eval split.")
     min_prompt_chars: int = Field(default=1, ge=1, description="Shortest prompt accepted by validation (characters).")
     max_prompt_chars: int = Field(default=4096, ge=1, description="Longest prompt accepted by validation (characters).")

@@ -163,10 +163,22 @@ class GRPOStageConfig(Section):
     probe_problems: int = Field(
         default=128,
         ge=0,
-        description="Held-out problems (the first N of the eval split) whose greedy accuracy is measured during "
-        "training for the learning curve (MLflow metric probe/greedy_accuracy); 0 turns the probe off.",
+        description="Problems of the probe split (the first N of data.num_probe held-out rows, never the eval "
+        "items) whose greedy accuracy is measured during training for the learning curve (MLflow metric "
+        "probe/greedy_accuracy); 0 turns the probe off.",
     )
     probe_every_steps: int = Field(default=50, ge=1, description="Steps between two held-out accuracy probes.")
+    keep: Literal["last", "best_probe"] = Field(
+        default="last",
+        description="The policy a round returns: 'last', its last step; 'best_probe', the step whose held-out probe "
+        "accuracy is the round's best (ties go to the later step), which needs the probe (probe_problems > 0).",
+    )
+    probe_patience: int = Field(
+        default=0,
+        ge=0,
+        description="With keep: best_probe, end the round early once this many probes in a row have not beaten the "
+        "best one; 0 never ends it early.",
+    )
 
     # Parameters that control the difficulty filter between rounds
     # Unkeyed: the filter reaches a round only through the split it writes, whose fingerprint the round is keyed on;
@@ -185,6 +197,17 @@ class GRPOStageConfig(Section):
         "checkpoint comes back through the MLflow artifact store. Needs a Prefect server and a worker on the pool "
         "(`grpo-pipeline serve`).",
     )
+
+    @model_validator(mode="after")
+    def _keep_has_a_probe(self) -> GRPOStageConfig:
+        if self.keep == "best_probe" and not self.probe_problems:
+            raise ValueError(
+                "grpo.keep is 'best_probe' but grpo.probe_problems is 0, so no probe chooses the step; set "
+                "grpo.probe_problems (e.g. 128) or grpo.keep=last"
+            )
+        if self.probe_patience and self.keep != "best_probe":
+            raise ValueError("grpo.probe_patience ends a round by the probe, which only grpo.keep=best_probe uses")
+        return self
 
     @model_validator(mode="after")
     def _vllm_settings_agree(self) -> GRPOStageConfig:

@@ -80,6 +80,15 @@ class PipelineConfig(Section):
         return v
 
     @model_validator(mode="after")
+    def _probe_has_rows(self) -> PipelineConfig:
+        if self.grpo.keep == "best_probe" and not self.data.num_probe:
+            raise ValueError(
+                "grpo.keep is 'best_probe' but data.num_probe is 0, so there is no probe split to choose the step "
+                "by; set data.num_probe (e.g. 128) or grpo.keep=last"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _one_grpo_batch_fits(self) -> PipelineConfig:
         # TRL's sampler forms only whole batches of prompts_per_step prompts and drops the rest: with fewer training
         # rows than that, no GRPO step could run (the rows actually prepared are checked again in tasks/preflight.py).

@@ -236,7 +236,7 @@ def grpo_round(
     # Each round starts from the previous policy; TRL builds the reference model from it (reset per round).
     policy = run(
         f"grpo-round{r}", grpo_train if cfg.grpo.work_pool is None else grpo_train_remote,
-        start=start, train=train, cfg=cfg.grpo, model_cfg=model_cfg, round_index=r, ctx=ctx, held_out=data.eval,
+        start=start, train=train, cfg=cfg.grpo, model_cfg=model_cfg, round_index=r, ctx=ctx, held_out=data.probe,
         correctness_reward=cfg.eval.correctness_reward, code_dir=cfg.code_dir, monitors=cfg.monitors,
     )  # fmt: skip
     result = run(

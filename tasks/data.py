@@ -34,6 +34,8 @@ class DataError(ValueError):
 class DatasetRefs(BaseModel):
     train: Ref
     eval: Ref
+    # The GRPO probe's rows (data.num_probe), held out from training and disjoint from the eval items; None: none.
+    probe: Ref | None = None
 
 
 # ----------------------------------------------------------------------------- synthetic arithmetic
@@ -54,7 +56,7 @@ def synthetic_arithmetic(cfg: SyntheticTaskConfig, n: int, seed: int) -> pd.Data
     if n > space * 0.7:
         raise DataError(
             f"asked for {n} distinct problems but only about {space} exist with max_digits={cfg.max_digits}; "
-            "lower data.num_train/num_eval or raise data.synthetic.max_digits"
+            "lower data.num_train/num_eval/num_probe or raise data.synthetic.max_digits"
         )
     rng = random.Random(seed)
     seen: dict[str, str] = {}
@@ -120,7 +122,8 @@ def synthetic_functions(cfg: SyntheticTaskConfig, n: int, seed: int) -> pd.DataF
     if n > space * 0.7:
         raise DataError(
             f"asked for {n} distinct problems but only about {space} exist with {len(families)} families and "
-            f"max_constant={cfg.max_constant}; lower data.num_train/num_eval or raise data.synthetic.max_constant"
+            f"max_constant={cfg.max_constant}; lower data.num_train/num_eval/num_probe or raise "
+            "data.synthetic.max_constant"
         )
     rng = random.Random(f"functions-{seed}")
     rows: dict[str, dict[str, str]] = {}
@@ -322,24 +325,32 @@ def _extract(pattern: re.Pattern, value: str | None) -> str | None:
 # ----------------------------------------------------------------------------- split and write
 
 
-def split_train_eval(df: pd.DataFrame, num_train: int, num_eval: int, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Deterministic split by prompt: all rows of one prompt land on the same side, so no prompt is in both."""
-    prompts = list(dict.fromkeys(df["prompt"].fillna("")))
+def split_train_eval(
+    df: pd.DataFrame, num_train: int, num_eval: int, seed: int, num_probe: int = 0
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Deterministic split by prompt into (train, eval, probe): all rows of one prompt land in one split, so no prompt
+    is in two. The prompts are shuffled once and dealt in turn: the eval split takes the first ones, training the
+    next ones (its first `num_train` rows), the probe split what follows (up to `num_probe` rows; fewer, or none,
+    when the source runs out). Eval and training are the same whatever `num_probe`."""
+    key = df["prompt"].fillna("")
+    prompts = list(dict.fromkeys(key))
     random.Random(seed).shuffle(prompts)
-    eval_prompts: set[str] = set()
-    eval_rows = 0
-    counts = df["prompt"].fillna("").value_counts()
+    counts = key.value_counts()
+    wanted = {"eval": num_eval, "train": num_train, "probe": num_probe}
+    taken = dict.fromkeys(wanted, 0)
+    side: dict[str, str] = {}
     for p in prompts:
-        if eval_rows >= num_eval:
+        name = next((n for n in wanted if taken[n] < wanted[n]), None)
+        if name is None:
             break
-        eval_prompts.add(p)
-        eval_rows += int(counts[p])
-    is_eval = df["prompt"].fillna("").isin(eval_prompts)
+        side[p] = name
+        taken[name] += int(counts[p])
     order = {p: i for i, p in enumerate(prompts)}
-    rank = df["prompt"].fillna("").map(order)
-    eval_df = df[is_eval].assign(_r=rank[is_eval]).sort_values("_r", kind="stable").drop(columns="_r")
-    train_df = df[~is_eval].assign(_r=rank[~is_eval]).sort_values("_r", kind="stable").drop(columns="_r")
-    return train_df.head(num_train).reset_index(drop=True), eval_df.reset_index(drop=True)
+    ranked = df.assign(_r=key.map(order), _side=key.map(side)).sort_values("_r", kind="stable")
+    parts = {name: part.drop(columns=["_r", "_side"]) for name, part in ranked.groupby("_side", sort=False)}
+    empty = df.iloc[:0]
+    train, eval_df, probe = (parts.get(name, empty).reset_index(drop=True) for name in ("train", "eval", "probe"))
+    return train.head(num_train), eval_df, probe
 
 
 def describe_source(cfg: DataConfig) -> str:
@@ -355,7 +366,7 @@ def load_source(cfg: DataConfig) -> pd.DataFrame:
     """All rows of the configured source, mapped to the standard columns."""
     if cfg.source == "synthetic":
         make = synthetic_functions if cfg.synthetic.kind == "functions" else synthetic_arithmetic
-        df = make(cfg.synthetic, cfg.num_train + cfg.num_eval, cfg.seed)
+        df = make(cfg.synthetic, cfg.num_train + cfg.num_eval + cfg.num_probe, cfg.seed)
         df["prompt"] = [format_prompt(cfg, p) for p in df["prompt"]]
         df["completion"] = df["answer"]
         return df
@@ -380,18 +391,26 @@ def prepare_data(cfg: DataConfig, run_dir: str, out: Path) -> DatasetRefs:
     df = load_source(cfg)
     if len(df) < 2:
         raise DataError(f"{describe_source(cfg)} has {len(df)} row(s); need at least 2 (one to train, one to evaluate)")
-    train, held_out = split_train_eval(df, cfg.num_train, cfg.num_eval, cfg.seed)
+    train, held_out, probe = split_train_eval(df, cfg.num_train, cfg.num_eval, cfg.seed, cfg.num_probe)
     if cfg.source == "synthetic":
         train = slip_carries(train, cfg.synthetic.teacher_carry_slip, cfg.seed)
         if cfg.synthetic.kind == "functions":
             train = swap_subtractions(train, cfg.synthetic.teacher_order_slip, cfg.seed)
     if train.empty:
         raise DataError(f"no rows are left for training after holding out {len(held_out)}; lower data.num_eval")
+    if len(probe) < cfg.num_probe:
+        logger.warning(
+            "the probe split has %d of data.num_probe=%d rows: %s has too few rows beyond data.num_train + "
+            "data.num_eval; the GRPO probe measures %d problem(s)",
+            len(probe),
+            cfg.num_probe,
+            describe_source(cfg),
+            len(probe),
+        )
+    splits = {"train": train, "eval": held_out, **({"probe": probe} if not probe.empty else {})}
     with atomic_dir(out) as tmp:
-        train.to_parquet(tmp / "train.parquet", index=False)
-        held_out.to_parquet(tmp / "eval.parquet", index=False)
-    logger.info("prepared %d train and %d eval rows in %s", len(train), len(held_out), out)
-    return DatasetRefs(
-        train=Ref(path=str(out / "train.parquet"), fingerprint=fingerprint_path(out / "train.parquet")),
-        eval=Ref(path=str(out / "eval.parquet"), fingerprint=fingerprint_path(out / "eval.parquet")),
-    )
+        for name, frame in splits.items():
+            frame.to_parquet(tmp / f"{name}.parquet", index=False)
+    logger.info("prepared %s rows in %s", ", ".join(f"{len(f)} {name}" for name, f in splits.items()), out)
+    files = {name: out / f"{name}.parquet" for name in splits}
+    return DatasetRefs(**{name: Ref(path=str(f), fingerprint=fingerprint_path(f)) for name, f in files.items()})

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from grpo_pipeline.configs.schema import GRPOStageConfig, ModelConfig, MonitorsConfig
+from grpo_pipeline.configs.schema import ConfigError, GRPOStageConfig, ModelConfig, MonitorsConfig
 from grpo_pipeline.rewards import build_rewards
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref, logger
 from grpo_pipeline.tasks.core.launch import launched
@@ -88,17 +88,25 @@ def round_callbacks(
     held_out: Ref | None,
     correctness_reward: str,
     health: RoundHealth | None,
+    notes: list[str] | None = None,
 ) -> list[TrainerCallback]:
-    """The round's own trainer callbacks: the held-out accuracy probe (with `held_out` and `cfg.probe_problems`)
-    and the training-health watch (with `health`)."""
+    """The round's own trainer callbacks: the held-out accuracy probe (with `held_out`, the probe split, and
+    `cfg.probe_problems`; it keeps the best-probed step with `cfg.keep: best_probe` and says so in `notes`) and the
+    training-health watch (with `health`)."""
     from grpo_pipeline.tasks.training.health import health_callback
     from grpo_pipeline.tasks.training.probe import HeldOutAccuracyProbe
 
     callbacks: list[TrainerCallback] = []
-    if held_out is not None and cfg.probe_problems:
-        rows = pd.read_parquet(held_out.require()).head(cfg.probe_problems)
-        callbacks.append(
-            HeldOutAccuracyProbe(rows, tokenizer, cfg.probe_every_steps, cfg.max_completion_tokens, correctness_reward)
+    rows = pd.read_parquet(held_out.require()).head(cfg.probe_problems) if held_out is not None else None
+    if rows is not None and len(rows) and cfg.probe_problems:
+        keep = {"keep_best": cfg.keep == "best_probe", "patience": cfg.probe_patience, "notes": notes}
+        probe = HeldOutAccuracyProbe(
+            rows, tokenizer, cfg.probe_every_steps, cfg.max_completion_tokens, correctness_reward, **keep
+        )
+        callbacks.append(probe)
+    elif cfg.keep == "best_probe":
+        raise ConfigError(
+            "grpo.keep is 'best_probe' but this round has no probe rows to choose the step by; set data.num_probe"
         )
     if health is not None:
         callbacks.append(health_callback(health))
@@ -129,7 +137,8 @@ def grpo_train(
 ) -> Checkpoint:
     """One GRPO round from `start`: the policy checkpoint, with its MLflow run id and the round's health alarms.
 
-    With `held_out`, greedy accuracy on its first `cfg.probe_problems` rows is logged during training. `monitors`
+    With `held_out` (the probe split), greedy accuracy on its first `cfg.probe_problems` rows is logged during
+    training, and with `cfg.keep: best_probe` the round returns its best-probed step. `monitors`
     (default: MonitorsConfig()) sets the health alarms (tasks/training/health.py); with `monitors.fail_fast` the
     first alarm stops the round with TrainingHealthError.
     """
@@ -155,7 +164,7 @@ def grpo_train(
             args=trl_grpo_args(cfg, common, weights, ctx.num_processes),
             train_dataset=conversational_dataset(dataset, tokenizer, start.path),
             processing_class=tokenizer,
-            callbacks=round_callbacks(cfg, tokenizer, held_out, correctness_reward, watch),
+            callbacks=round_callbacks(cfg, tokenizer, held_out, correctness_reward, watch, health.notes),
             **adapter_args(model_cfg),
         )
 

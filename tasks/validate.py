@@ -1,6 +1,6 @@
 """Stage 2, validate_data: the data contract every later stage relies on (pandera, lazy validation).
 
-Both splits are validated together so that the contract can see across them (no prompt may be in both). Prompts
+All splits are validated together so that the contract can see across them (no prompt may be in two). Prompts
 are compared with their whitespace collapsed: `"12+7="` and `"12+7= "` are one question, and the split, which
 works on exact strings, can put such a pair on both sides. Every failing row is reported with its split, row
 number, column and check; nothing downstream runs on bad data. Chat prompts (data.prompt_format: chat, stored as
@@ -49,7 +49,7 @@ def make_schema(min_prompt_chars: int, max_prompt_chars: int, chat_prompts: bool
     """The contract, with the configured prompt length bounds; with `chat_prompts`, for JSON chat messages."""
 
     class PromptDataset(pa.DataFrameModel):
-        split: Series[str] = pa.Field(isin=["train", "eval"])
+        split: Series[str] = pa.Field(isin=["train", "eval", "probe"])
         prompt: Series[str] = pa.Field(
             nullable=False, str_length={"min_value": min_prompt_chars, "max_value": max_prompt_chars}
         )
@@ -73,6 +73,12 @@ def make_schema(min_prompt_chars: int, max_prompt_chars: int, chat_prompts: bool
             key = same_question(df["prompt"])
             train = set(key[df["split"] == "train"])
             return ~((df["split"] == "eval") & key.isin(train))
+
+        @pa.dataframe_check(name="no_probe_prompt_in_train_or_eval")
+        def _probe_apart(cls, df: pd.DataFrame) -> Series[bool]:
+            key = same_question(df["prompt"])
+            seen = set(key[df["split"] != "probe"])  # the probe chooses checkpoints: it must see no scored item
+            return ~((df["split"] == "probe") & key.isin(seen))
 
         class Config:
             strict = False
@@ -121,11 +127,13 @@ def _describe(failures: pd.DataFrame, combined: pd.DataFrame, limit: int = 50) -
     return "\n".join(lines[:limit] + ([f"  ... and {more} more"] if more > 0 else []))
 
 
-def validate_frames(train: pd.DataFrame, held_out: pd.DataFrame, cfg: DataConfig) -> None:
+def validate_frames(
+    train: pd.DataFrame, held_out: pd.DataFrame, cfg: DataConfig, probe: pd.DataFrame | None = None
+) -> None:
     """Raise DataValidationError naming every bad row, or return None when the data meets the contract."""
+    splits = {"train": train, "eval": held_out, **({"probe": probe} if probe is not None else {})}
     combined = pd.concat(
-        [train.assign(split="train", row=range(len(train))), held_out.assign(split="eval", row=range(len(held_out)))],
-        ignore_index=True,
+        [frame.assign(split=name, row=range(len(frame))) for name, frame in splits.items()], ignore_index=True
     )
     for col in ("prompt", "answer", "completion"):
         if col not in combined:
@@ -146,5 +154,6 @@ def validate_frames(train: pd.DataFrame, held_out: pd.DataFrame, cfg: DataConfig
 @stage("validate")
 def validate_data(refs: DatasetRefs, cfg: DataConfig) -> DatasetRefs:
     """Validate the prepared Parquet files; returns the same refs so the flow can chain on success."""
-    validate_frames(pd.read_parquet(refs.train.require()), pd.read_parquet(refs.eval.require()), cfg)
+    probe = pd.read_parquet(refs.probe.require()) if refs.probe is not None else None
+    validate_frames(pd.read_parquet(refs.train.require()), pd.read_parquet(refs.eval.require()), cfg, probe)
     return refs

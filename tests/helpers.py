@@ -18,6 +18,7 @@ def micro_overrides(run_dir: Path) -> list[str]:
         f"run_dir={run_dir}",
         "data.num_train=200",
         "data.num_eval=24",
+        "data.num_probe=8",
         "sft.max_steps=6",
         "sft.batch_size=16",
         "grpo.rounds=1",

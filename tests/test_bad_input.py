@@ -223,7 +223,7 @@ def crossing_variant(rows: list[dict]) -> list[dict]:
     for row in rows:
         variant = {**row, "prompt": row["prompt"] + " "}
         candidate = [*rows, variant]
-        _, held_out = split_train_eval(pd.DataFrame(candidate), num_train=200, num_eval=4, seed=0)
+        _, held_out, _ = split_train_eval(pd.DataFrame(candidate), num_train=200, num_eval=4, seed=0)
         sides = {p in set(held_out["prompt"]) for p in (row["prompt"], variant["prompt"])}
         if len(sides) == 2:
             return candidate

@@ -73,9 +73,32 @@ def test_needs_carry():
 def test_split_keeps_duplicate_prompts_on_one_side():
     df = pd.DataFrame({"prompt": ["a", "a", "b", "c", "c", "d"], "answer": list("123456")})
     for seed in range(10):
-        train, held_out = split_train_eval(df, 10, 2, seed)
+        train, held_out, _ = split_train_eval(df, 10, 2, seed)
         assert not set(train["prompt"]) & set(held_out["prompt"])
         assert len(train) + len(held_out) == len(df)
+
+
+def test_the_probe_split_is_disjoint_from_training_and_eval_and_leaves_eval_as_it_was():
+    df = pd.DataFrame({"prompt": [f"p{i % 40}" for i in range(48)], "answer": range(48)})  # 8 prompts twice
+    for seed in range(5):
+        train, held_out, probe = split_train_eval(df, 30, 6, seed, num_probe=5)
+        assert len(train) == 30 and len(held_out) >= 6 and len(probe) >= 5
+        sides = [set(frame["prompt"]) for frame in (train, held_out, probe)]
+        assert not (sides[0] & sides[1] or sides[0] & sides[2] or sides[1] & sides[2])
+        without, eval_without, none = split_train_eval(df, 30, 6, seed)
+        assert eval_without.equals(held_out) and without.equals(train) and none.empty  # the probe is extra rows
+
+
+def test_prepared_data_has_a_probe_split_that_validation_reads(tmp_path):
+    refs = prepare_data(synthetic_cfg(num_train=50, num_eval=10, num_probe=8), str(tmp_path))
+    train, held_out, probe = (pd.read_parquet(r.require()) for r in (refs.train, refs.eval, refs.probe))
+    assert (len(train), len(held_out), len(probe)) == (50, 10, 8)
+    assert not set(probe["prompt"]) & (set(train["prompt"]) | set(held_out["prompt"]))
+    assert prepare_data(synthetic_cfg(num_train=50, num_eval=10, num_probe=0), str(tmp_path / "b")).probe is None
+    leaked = pd.concat([probe.head(2), held_out.head(1)], ignore_index=True)  # an eval item in the probe
+    with pytest.raises(DataValidationError, match=r"probe row 2: .*no_probe_prompt_in_train_or_eval"):
+        validate_frames(train, held_out, synthetic_cfg(), leaked)
+    validate_frames(train, held_out, synthetic_cfg(), probe)
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet", "csv"])

@@ -28,6 +28,7 @@ OVERRIDES = [
     "data.synthetic.max_digits=1",
     "data.num_train=62",
     "data.num_eval=8",
+    "data.num_probe=0",
     "model.tiny.hidden_size=32",
     "model.tiny.num_layers=2",
     "model.tiny.num_heads=2",

@@ -115,7 +115,7 @@ def test_gsm8k_variants_differ_from_it_only_where_they_say():
 def test_humaneval_recipe(shared_data, code_sandbox):
     cfg = load_config(HUMANEVAL)
     assert cfg.model.base == "Qwen/Qwen2.5-Coder-0.5B" and cfg.eval.correctness_reward == "code_tests"
-    assert cfg.data.num_train + cfg.data.num_eval == 164
+    assert cfg.data.num_train + cfg.data.num_eval + cfg.data.num_probe == 164
     cfg = load_config(HUMANEVAL, ["data.source=file", f"data.path={shared_data / 'HumanEval.jsonl.gz'}"])
     rows = load_source(cfg.data).head(3)
     assert {"test", "entry_point"} <= set(rows.columns)

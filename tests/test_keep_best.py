@@ -1,0 +1,150 @@
+"""`grpo.keep: best_probe`: a round returns the step its held-out probe liked best, not its last one.
+
+A tiny model is first taught one-digit addition (SFT), then a GRPO round rewards short answers at a huge learning
+rate, which destroys what SFT taught: the probe's accuracy falls. With best_probe the round must return an earlier
+step, whose weights score what the probe measured at that step; with `last` it returns the destroyed policy.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+import pytest
+
+from grpo_pipeline.configs.schema import ConfigError, load_config
+from grpo_pipeline.tasks.core.common import Checkpoint, Ref
+from grpo_pipeline.tasks.core.stage import RunContext
+
+SHORTER = """
+def shorter(completions, **kwargs):
+    return [-float(len(c)) for c in completions]
+"""
+TINY = [
+    "seed=0",
+    "data.synthetic.max_digits=1",
+    "data.num_train=54",
+    "data.num_eval=8",
+    "data.num_probe=8",
+    "model.tiny.hidden_size=32",
+    "model.tiny.num_layers=2",
+    "model.tiny.num_heads=2",
+    "model.tiny.intermediate_size=64",
+    "model.tiny.max_positions=16",
+    "sft.max_steps=60",
+    "sft.learning_rate=1e-2",
+    "sft.batch_size=64",
+    "sft.save_every_steps=0",
+    "grpo.steps_per_round=8",
+    "grpo.prompts_per_step=4",
+    "grpo.generations_per_prompt=4",
+    "grpo.max_completion_tokens=4",
+    "grpo.learning_rate=0.05",
+    "grpo.log_every_steps=1",
+    "grpo.save_every_steps=0",
+    "grpo.probe_problems=8",
+    "grpo.probe_every_steps=2",
+    "grpo.rewards=[{name: 'keep_rewards:shorter'}]",
+]
+
+
+@dataclass
+class Taught:
+    run_dir: Path
+    train: Ref
+    probe: Ref
+    sft: Checkpoint
+    ctx: RunContext
+
+
+@pytest.fixture(scope="module")
+def taught(tmp_path_factory):
+    from grpo_pipeline.tasks.data import prepare_data
+    from grpo_pipeline.tasks.model import prepare_base_model
+    from grpo_pipeline.tasks.sft import sft_warmup
+
+    run_dir = tmp_path_factory.mktemp("keep")
+    (run_dir / "keep_rewards.py").write_text(SHORTER)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        mp.setenv("DISABLE_MLFLOW_INTEGRATION", "FALSE")
+        mp.syspath_prepend(str(run_dir))
+        cfg = load_config(None, [*TINY, f"run_dir={run_dir}"])
+        ctx = RunContext(run_dir=str(run_dir), experiment="keep", recipe="keep", seed=0)
+        data = prepare_data(cfg.data, cfg.run_dir)
+        base = prepare_base_model(cfg.model, cfg.run_dir, cfg.seed)
+        sft = sft_warmup(base, data.train, cfg.sft, cfg.model, ctx)
+        yield Taught(run_dir, data.train, data.probe, sft, ctx)
+
+
+def train_round(taught: Taught, *overrides: str) -> Checkpoint:
+    from grpo_pipeline.tasks.grpo import grpo_train
+
+    cfg = load_config(None, [*TINY, f"run_dir={taught.run_dir}", *overrides])
+    return grpo_train(
+        taught.sft, taught.train, cfg.grpo, cfg.model, 1, taught.ctx, held_out=taught.probe, monitors=None
+    )
+
+
+def probe_accuracy(policy: Checkpoint, probe: Ref) -> float:
+    """The probe's measurement, taken afresh on the saved policy."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo_pipeline.rewards import build_reward
+    from grpo_pipeline.tasks.training.probe import greedy_accuracy
+    from grpo_pipeline.tasks.training.trainer import load_tokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(policy.path)
+    rows = pd.read_parquet(probe.require())
+    return greedy_accuracy(model, load_tokenizer(policy.path), rows, build_reward("correctness"), 4)
+
+
+def probe_history(policy: Checkpoint) -> dict[int, float]:
+    history = mlflow.MlflowClient().get_metric_history(policy.run_id, "probe/greedy_accuracy")
+    return {m.step: m.value for m in history}
+
+
+@pytest.mark.integration
+def test_best_probe_returns_the_earlier_step_when_the_last_is_worse(taught):
+    policy = train_round(taught, "grpo.keep=best_probe")
+    history = probe_history(policy)
+    assert sorted(history) == [0, 2, 4, 6, 8]
+    assert history[0] > 0 and history[8] < history[0]  # SFT taught something; the round destroyed it
+    best = max(history.values())
+    kept = max(step for step, acc in history.items() if acc == best)  # ties go to the later step
+    [note] = policy.notes
+    assert re.match(rf"kept step {kept} of 8 \(grpo.keep=best_probe\): probe accuracy {best:.3f}", note)
+    assert kept < 8
+    assert probe_accuracy(policy, taught.probe) == pytest.approx(best)  # the saved weights are that step's
+
+
+@pytest.mark.integration
+def test_last_returns_the_last_step(taught):
+    policy = train_round(taught, "grpo.keep=last")
+    history = probe_history(policy)
+    assert policy.notes == ()
+    assert probe_accuracy(policy, taught.probe) == pytest.approx(history[8]) and history[8] < history[0]
+
+
+@pytest.mark.integration
+def test_patience_ends_the_round_once_the_probe_stops_improving(taught):
+    policy = train_round(taught, "grpo.keep=best_probe", "grpo.probe_patience=1", "grpo.steps_per_round=40")
+    history = probe_history(policy)
+    ended, kept = policy.notes
+    last = max(history)
+    assert last < 40 and ended == (
+        f"ended at step {last} of 40: 1 probe(s) in a row did not beat the best (grpo.probe_patience=1)"
+    )
+    assert kept.startswith(f"kept step {max(s for s, a in history.items() if a == max(history.values()))} of {last}")
+
+
+def test_best_probe_needs_a_probe():
+    with pytest.raises(ConfigError, match=r"grpo.keep is 'best_probe' but grpo.probe_problems is 0"):
+        load_config(None, ["grpo.keep=best_probe", "grpo.probe_problems=0"])
+    with pytest.raises(ConfigError, match=r"grpo.keep is 'best_probe' but data.num_probe is 0"):
+        load_config(None, ["grpo.keep=best_probe", "data.num_probe=0"])
+    with pytest.raises(ConfigError, match=r"probe_patience ends a round by the probe"):
+        load_config(None, ["grpo.probe_patience=3"])
