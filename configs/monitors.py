@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from grpo_pipeline.configs.base import Section
@@ -81,6 +83,19 @@ class MonitorsConfig(Section):
         default=0.0,
         ge=0,
         description="The rise of the mean reward (in reward units, weights applied) that counts as progress.",
+    )
+    sft_min_ratio: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="Before GRPO (tasks/sft_check.py): the SFT policy has not learned its data when its greedy "
+        "held-out accuracy is below this fraction of the accuracy of its own training targets (the correctness "
+        "reward's verdict on the `completion` column). 0 turns the check off.",
+    )
+    sft_not_learned: Literal["warn", "error"] = Field(
+        default="warn",
+        description="What an SFT that has not learned its data does: 'warn' (one warning with the figures, carried "
+        "by the run summary and the model card) or 'error' (the run stops before GRPO).",
     )
     fail_fast: bool = Field(
         default=False,

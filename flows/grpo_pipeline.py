@@ -42,6 +42,8 @@ from grpo_pipeline.tasks.preflight import check_inputs as _check_inputs
 from grpo_pipeline.tasks.register import register_policy
 from grpo_pipeline.tasks.scoring.evaluation import EvalResult
 from grpo_pipeline.tasks.sft import sft_warmup as _sft_warmup
+from grpo_pipeline.tasks.sft_check import SFTNotLearnedError
+from grpo_pipeline.tasks.sft_check import check_sft as _check_sft
 from grpo_pipeline.tasks.training.monitor import TrainingHealthError
 from grpo_pipeline.tasks.training.trainer import check_model_runtime
 from grpo_pipeline.tasks.validate import DataValidationError
@@ -50,7 +52,8 @@ from grpo_pipeline.tasks.validate import validate_data as _validate_data
 STAGE_RETRIES = 2  # 5 s apart
 REGISTER_RETRIES = 6  # with exponential backoff (see `register` below)
 # Bad input: the user's to fix, reported as one message without a traceback (grpo_pipeline/cli.py).
-BAD_INPUT = (ConfigError, DataError, DataValidationError, RewardError, PreflightError)
+# An SFT that has not learned its data, with monitors.sft_not_learned=error, stops the run the same way.
+BAD_INPUT = (ConfigError, DataError, DataValidationError, RewardError, PreflightError, SFTNotLearnedError)
 # Bad input is not retried: a second try would fail the same way and only delay the error.
 # A round stopped by a training-health alarm (monitors.fail_fast, NaN weights) would train into the same alarm again.
 NOT_RETRIED = (*BAD_INPUT, TrainingHealthError, FileNotFoundError, ValueError, TypeError)
@@ -110,6 +113,7 @@ pin_model = task(pin_registered, name="pin_model", cache_policy=NO_CACHE, **RETR
 base_model = stage_task(prepare_base_model, "base_model")
 check_inputs = stage_task(_check_inputs, "check_inputs")
 sft_warmup = stage_task(_sft_warmup, "sft_warmup")
+check_sft = stage_task(_check_sft, "check_sft")
 difficulty_filter = stage_task(_filter_by_difficulty, "difficulty_filter", task_run_name="difficulty_filter-{label}")
 grpo_train = stage_task(_grpo_train, "grpo_train", task_run_name="grpo-round{round_index}")
 # The same stage on another work pool (grpo.work_pool), keyed like the local one, and retried like it: a child flow
@@ -201,16 +205,23 @@ def grpo_pipeline(
         f"evaluate-{label}", evaluate,
         policy=policy, held_out=data.eval, cfg=cfg.eval, ctx=ctx, label=label, rewards=cfg.grpo.rewards,
     )  # fmt: skip
+    learned = None  # before GRPO: has SFT learned its data? (a warning, or an error with monitors.sft_not_learned)
+    if cfg.sft.enabled and cfg.monitors.sft_min_ratio:
+        learned = run(
+            "check_sft", check_sft, listed=False,
+            train=data.train, sft=baseline, correctness_reward=cfg.eval.correctness_reward, monitors=cfg.monitors,
+        )  # fmt: skip
+    warning = learned.warning if learned else None
 
     rounds: list[Round] = []
     for r in range(1, cfg.grpo.rounds + 1):
         # Lineage: a round's parent is the version registered for the round before it, else the base model by name.
         parent = next((x.registration.model_uri for x in reversed(rounds) if x.registration), base.lineage)
         start = rounds[-1].policy if rounds else policy
-        rounds.append(
-            grpo_round(run, cfg, r, start=start, parent=parent, data=data, baseline=baseline, model_cfg=model_cfg)
-        )
-    return report(cfg, Summary.build(cfg, run.records, baseline, rounds))
+        step = grpo_round(run, cfg, r, start=start, parent=parent, data=data, baseline=baseline, model_cfg=model_cfg,
+                          sft_warning=warning)  # fmt: skip
+        rounds.append(step)
+    return report(cfg, Summary.build(cfg, run.records, baseline, rounds, sft_warning=warning))
 
 
 def grpo_round(
@@ -223,6 +234,7 @@ def grpo_round(
     data: DatasetRefs,
     baseline: EvalResult,
     model_cfg: ModelConfig,
+    sft_warning: str | None = None,
 ) -> Round:
     """One GRPO round from `start`: (difficulty filter) -> grpo_train -> evaluate -> register."""
     ctx, train, kept = RunContext.of(cfg), data.train, None
@@ -252,6 +264,7 @@ def grpo_round(
             "parent_model": parent,
             "parent_run_id": start.run_id or "",
             "round": str(r),
+            **({"sft_warning": sft_warning} if sft_warning else {}),  # the model card says so too
         }
         registration = run(
             f"register-r{r}", register,

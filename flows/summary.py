@@ -117,10 +117,17 @@ class Summary(BaseModel):
     health: list[list[str]] = []
     # Each GRPO round's notes that are no alarm (saturation, the step it kept), in round order.
     notes: list[list[str]] = []
+    # Said before GRPO when the SFT policy is far below its own training data (tasks/sft_check.py).
+    sft_warning: str | None = None
 
     @classmethod
     def build(
-        cls, cfg: PipelineConfig, stages: list[StageRecord], baseline: EvalResult, rounds: list[Round]
+        cls,
+        cfg: PipelineConfig,
+        stages: list[StageRecord],
+        baseline: EvalResult,
+        rounds: list[Round],
+        sft_warning: str | None = None,
     ) -> Summary:
         scores = [ScoreRow.of("sft" if cfg.sft.enabled else "base", baseline)]
         scores += [ScoreRow.of(f"grpo round {r.index}", r.result) for r in rounds]
@@ -143,6 +150,7 @@ class Summary(BaseModel):
             difficulty_filters=[r.difficulty for r in rounds if r.difficulty is not None],
             health=[list(r.policy.alarms) for r in rounds],
             notes=[list(r.policy.notes) for r in rounds],
+            sft_warning=sft_warning,
         )
 
     @property
@@ -183,6 +191,8 @@ class Summary(BaseModel):
         ]
         lines += [f"| {s.stage} | {s.seconds:.1f} | {'yes' if s.cached else 'no'} | {s.note} |" for s in self.stages]
         lines.append(f"| **total** | {self.total_seconds:.1f} | | |")
+        if self.sft_warning:
+            lines += ["", f"**Warning**: {self.sft_warning}."]
         settings = ", ".join(f"{k}={v}" for k, v in self.eval_settings.items())
         lines += ["", f"Held-out scores ({settings}):"]
         for group in self.score_groups(width):

@@ -129,6 +129,10 @@ def test_cold_run_trains_evaluates_and_registers(micro_run: MicroRun):
     ):
         assert tags.get(tag), tag
     assert (tags["parent_model"], tags["round"], tags["gate.decision"]) == ("tiny", "1", "first")
+    # six SFT steps learn nothing: the run said so before GRPO, and the summary, the version and its card carry it
+    assert summary["sft_warning"].startswith("SFT has not learned its data: the SFT policy's greedy held-out")
+    assert tags["sft_warning"] == summary["sft_warning"]
+    assert f"## Training notes\n- **Warning**: {summary['sft_warning']}." in version.description  # the card
     run = client.get_run(version.run_id)
     assert run.info.run_id == reg["run_id"]
     assert run.data.tags["stage"] == "grpo"

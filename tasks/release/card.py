@@ -63,6 +63,9 @@ def model_card(
         result.unscored_line()
         or f"Every completion was scored by the correctness reward `{result.config.correctness_reward}`.",
     ]
+    notes = [*([f"**Warning**: {tags['sft_warning']}."] if tags.get("sft_warning") else []), *policy.notes]
+    if notes:
+        lines += ["", "## Training notes", *(f"- {note}" for note in notes)]
     lines += [
         "",
         "## Promotion gate",
