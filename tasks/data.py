@@ -391,7 +391,12 @@ def prepare_data(cfg: DataConfig, run_dir: str, out: Path) -> DatasetRefs:
     df = load_source(cfg)
     if len(df) < 2:
         raise DataError(f"{describe_source(cfg)} has {len(df)} row(s); need at least 2 (one to train, one to evaluate)")
-    train, held_out, probe = split_train_eval(df, cfg.num_train, cfg.num_eval, cfg.seed, cfg.num_probe)
+    if cfg.source == "synthetic":  # the probe's problems are drawn after the others: train and eval stay the same
+        drawn = cfg.num_train + cfg.num_eval
+        train, held_out, _ = split_train_eval(df.head(drawn), cfg.num_train, cfg.num_eval, cfg.seed)
+        probe = df.iloc[drawn:].reset_index(drop=True)
+    else:
+        train, held_out, probe = split_train_eval(df, cfg.num_train, cfg.num_eval, cfg.seed, cfg.num_probe)
     if cfg.source == "synthetic":
         train = slip_carries(train, cfg.synthetic.teacher_carry_slip, cfg.seed)
         if cfg.synthetic.kind == "functions":

@@ -94,7 +94,10 @@ def test_prepared_data_has_a_probe_split_that_validation_reads(tmp_path):
     train, held_out, probe = (pd.read_parquet(r.require()) for r in (refs.train, refs.eval, refs.probe))
     assert (len(train), len(held_out), len(probe)) == (50, 10, 8)
     assert not set(probe["prompt"]) & (set(train["prompt"]) | set(held_out["prompt"]))
-    assert prepare_data(synthetic_cfg(num_train=50, num_eval=10, num_probe=0), str(tmp_path / "b")).probe is None
+    without = prepare_data(synthetic_cfg(num_train=50, num_eval=10, num_probe=0), str(tmp_path / "b"))
+    assert without.probe is None
+    # the probe's problems are drawn after the others: the same seed trains and evaluates on the same rows
+    assert (without.train.fingerprint, without.eval.fingerprint) == (refs.train.fingerprint, refs.eval.fingerprint)
     leaked = pd.concat([probe.head(2), held_out.head(1)], ignore_index=True)  # an eval item in the probe
     with pytest.raises(DataValidationError, match=r"probe row 2: .*no_probe_prompt_in_train_or_eval"):
         validate_frames(train, held_out, synthetic_cfg(), leaked)
