@@ -16,6 +16,7 @@ Usage:
   python benchmarks/learning.py --config configs/tiny-code.yaml   # the code RL recipe
   python benchmarks/learning.py --run-dir D --reuse   # analyse the run already in D (no training)
   python benchmarks/learning.py -- grpo.steps_per_round=300   # overrides are passed to the pipeline
+  python benchmarks/learning.py --seeds 0-5 --jobs 2  # one run per seed and the mean over seeds (benchmarks/seeds.py)
 """
 
 from __future__ import annotations
@@ -36,16 +37,19 @@ from grpo_pipeline.tasks.data import function_family, needs_carry  # noqa: E402
 from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE  # noqa: E402
 from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci  # noqa: E402
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+from seeds import parse_seeds, report, run_seeds  # noqa: E402
+
 RECORD = "benchmark-record.json"
 CODE_REWARDS = ("code_tests",)  # rewards that run programs in the sandbox (rewards/code.py)
 PROFILE = "profiling/Time taken: GRPOTrainer.{}"  # TRL times each reward call under this MLflow metric
 
 
-def run_pipeline(config: Path, run_dir: Path, overrides: list[str]) -> dict:
+def run_pipeline(config: Path, run_dir: Path, overrides: list[str], extra_env: dict[str, str] | None = None) -> dict:
     """`grpo-pipeline run` in a subprocess (as `make run`), timed from the outside."""
     run_dir.mkdir(parents=True, exist_ok=True)
     summary_path = run_dir / "summary.json"
-    env = {**os.environ, "PREFECT_HOME": str(run_dir.resolve() / ".prefect")}
+    env = {**os.environ, **(extra_env or {}), "PREFECT_HOME": str(run_dir.resolve() / ".prefect")}
     env.pop("MLFLOW_TRACKING_URI", None)  # the run directory's own store, so the benchmark can read it back
     env["GRPO_PIPELINE_STACK_DIR"] = str(run_dir.resolve() / "no-stack")  # never a running stack's MLflow
     cmd = [
@@ -114,6 +118,22 @@ def sandbox_share(run_dir: Path, run_id: str, rewards: list[str]) -> tuple[float
     return reward_s, train_s, calls
 
 
+def seed_figures(run_dir: Path, record: dict) -> dict:
+    """One seed's figures: SFT and last-round greedy accuracy, the gain and the last round's change (paired CIs)."""
+    cfg = load_config(record["config"], [f"run_dir={run_dir}", *record["overrides"]])
+    rounds = [details(run_dir, f"r{r}")["greedy_correct"] for r in range(1, cfg.grpo.rounds + 1)]
+    before = details(run_dir, "sft")["greedy_correct"]
+    change = paired_bootstrap_ci(rounds[-2], rounds[-1], n_boot=10_000, seed=0) if len(rounds) > 1 else None
+    return {
+        "sft": sum(before) / len(before),
+        "grpo": sum(rounds[-1]) / len(rounds[-1]),
+        "gain": paired_bootstrap_ci(before, rounds[-1], n_boot=10_000, seed=0),
+        "round_change": change,
+        "total_s": record["total_s"],
+        "warning": record["summary"].get("sft_warning"),
+    }
+
+
 def _mean_of(points: list[tuple[int, float]], first: bool, n: int = 3) -> float:
     values = [v for _, v in points]
     chunk = values[:n] if first else values[-n:]
@@ -125,10 +145,23 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=REPO / "configs" / "tiny-arith.yaml")
     parser.add_argument("--run-dir", type=Path, default=None, help="Run directory (default: a fresh one under runs/).")
     parser.add_argument("--reuse", action="store_true", help="Analyse the finished run in --run-dir; do not train.")
+    parser.add_argument("--seeds", help="Run once per seed (e.g. 0-5 or 0,2,4) and report over seeds.")
+    parser.add_argument("--jobs", type=int, default=1, help="With --seeds: seeds run at a time (one thread each).")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides passed to the pipeline.")
     args = parser.parse_args()
 
     run_dir = args.run_dir or REPO / "runs" / f"benchmark-learning-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.seeds:
+        rows = run_seeds(
+            parse_seeds(args.seeds),
+            run_dir,
+            args.overrides,
+            args.jobs,
+            lambda d, overrides, env: run_pipeline(args.config, d, overrides, env),
+            lambda d, record: seed_figures(d, record),
+        )
+        print(report(rows))
+        return
     if args.reuse:
         if not (run_dir / RECORD).exists():
             raise SystemExit(f"--reuse: {run_dir / RECORD} does not exist; run the benchmark first")

@@ -15,6 +15,16 @@ class SFTStageConfig(Section):
     batch_size: int = Field(default=64, ge=1, description="Examples per optimizer step.")
     warmup_ratio: float = Field(default=0.05, ge=0, le=1, description="Fraction of steps for linear warmup.")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    stop_at_accuracy: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="End SFT at the first probe whose greedy accuracy on the probe split (data.num_probe rows, never "
+        "the eval items) reaches this, max_steps being the cap: a warmup whose hard part is learned after a plateau "
+        "of seed-dependent length runs as long as that seed needs. None: run to max_steps.",
+    )
+    probe_every_steps: int = Field(default=250, ge=1, description="Steps between two probes (with stop_at_accuracy).")
+    probe_problems: int = Field(default=128, ge=1, description="Probe-split rows the SFT probe measures.")
     save_every_steps: int = save_every_steps_field(500)
     keep_checkpoints: int = Field(
         default=2, ge=1, json_schema_extra=UNKEYED, description="Resumable checkpoints kept (the newest ones)."

@@ -199,7 +199,10 @@ def grpo_pipeline(
     )  # fmt: skip
     policy, label = base, "base"
     if cfg.sft.enabled:
-        policy = run("sft_warmup", sft_warmup, base=base, train=data.train, cfg=cfg.sft, model_cfg=model_cfg, ctx=ctx)
+        policy = run(
+            "sft_warmup", sft_warmup,
+            base=base, train=data.train, cfg=cfg.sft, model_cfg=model_cfg, ctx=ctx, **sft_bar(cfg, data),
+        )  # fmt: skip
         label = "sft"
     baseline = run(
         f"evaluate-{label}", evaluate,
@@ -222,6 +225,15 @@ def grpo_pipeline(
                           sft_warning=warning)  # fmt: skip
         rounds.append(step)
     return report(cfg, Summary.build(cfg, run.records, baseline, rounds, sft_warning=warning))
+
+
+def sft_bar(cfg: PipelineConfig, data: DatasetRefs) -> dict[str, Any]:
+    """What SFT's probe reads when `sft.stop_at_accuracy` ends SFT at a bar; nothing otherwise, so that the eval
+    settings key SFT only when its probe uses them."""
+    if cfg.sft.stop_at_accuracy is None:
+        return {}
+    return {"probe": data.probe, "correctness_reward": cfg.eval.correctness_reward,
+            "probe_tokens": cfg.eval.max_new_tokens}  # fmt: skip
 
 
 def grpo_round(

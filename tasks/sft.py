@@ -8,27 +8,53 @@ turn then ends the completion).
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo_pipeline.configs.schema import ModelConfig, SFTStageConfig
+from grpo_pipeline.configs.schema import ConfigError, ModelConfig, SFTStageConfig
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.core.launch import launched
-from grpo_pipeline.tasks.core.stage import RunContext, stage
+from grpo_pipeline.tasks.core.stage import RunContext, code_version, stage, user_code
 from grpo_pipeline.tasks.scoring.chat import conversational_dataset
 from grpo_pipeline.tasks.training.trainer import adapter_args, load_split, train_policy
 
 if TYPE_CHECKING:  # the training libraries load when SFT runs, not when a cached run imports the flow
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedTokenizerBase, TrainerCallback
     from trl import SFTTrainer
 
 
-@stage("sft")
+PROBE_MODULE = "grpo_pipeline.tasks.training.probe"
+
+
+def _bar_code(params: Mapping[str, Any]) -> dict[str, str]:
+    """With `sft.stop_at_accuracy`, SFT also runs the probe and the correctness reward: their code keys it then. The
+    probe is imported by name (`bar_probe`), so that without the bar a reward edit does not rerun SFT."""
+    if params["cfg"].stop_at_accuracy is None:
+        return {}
+    return {"probe": code_version(PROBE_MODULE), **user_code([params["correctness_reward"]])}
+
+
+@stage("sft", external=_bar_code)
 @launched
 def sft_warmup(
-    base: Checkpoint, train: Ref, cfg: SFTStageConfig, model_cfg: ModelConfig, ctx: RunContext, out: Path
+    base: Checkpoint,
+    train: Ref,
+    cfg: SFTStageConfig,
+    model_cfg: ModelConfig,
+    ctx: RunContext,
+    probe: Ref | None = None,
+    correctness_reward: str = "correctness",
+    probe_tokens: int = 64,
+    *,
+    out: Path,
 ) -> Checkpoint:
-    """Fine-tune `base` on the training split; returns the saved checkpoint (with its MLflow run id)."""
+    """Fine-tune `base` on the training split; returns the saved checkpoint (with its MLflow run id).
+
+    With `cfg.stop_at_accuracy` and `probe` (the probe split), greedy accuracy on `probe` (judged by
+    `correctness_reward`, completions of up to `probe_tokens` tokens) is measured every `cfg.probe_every_steps`
+    steps, and SFT ends at the first probe that reaches the bar; the checkpoint's `notes` say where it ended."""
     from trl import SFTConfig, SFTTrainer
 
     dataset = load_split(train.require(), ["prompt", "completion"])
@@ -51,10 +77,12 @@ def sft_warmup(
             args=args,
             train_dataset=train_dataset,
             processing_class=tokenizer,
+            callbacks=bar_probe(cfg, tokenizer, probe, correctness_reward, probe_tokens, notes),
             **adapter_args(model_cfg),
         )
 
-    return train_policy(
+    notes: list[str] = []
+    policy = train_policy(
         base,
         ctx,
         model_cfg,
@@ -65,4 +93,30 @@ def sft_warmup(
         build=build,
         save_every_steps=cfg.save_every_steps,
         keep_checkpoints=cfg.keep_checkpoints,
+        meta={"notes": notes},
     )
+    return policy.model_copy(update={"notes": tuple(notes)})
+
+
+def bar_probe(
+    cfg: SFTStageConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    probe: Ref | None,
+    correctness_reward: str,
+    probe_tokens: int,
+    notes: list[str],
+) -> list[TrainerCallback]:
+    """The probe that ends SFT at `cfg.stop_at_accuracy` (none without the bar)."""
+    if cfg.stop_at_accuracy is None:
+        return []
+    if probe is None:
+        raise ConfigError("sft.stop_at_accuracy needs the probe split to measure; set data.num_probe (e.g. 128)")
+    import pandas as pd
+
+    rows = pd.read_parquet(probe.require()).head(cfg.probe_problems)
+    return [
+        importlib.import_module(PROBE_MODULE).HeldOutAccuracyProbe(
+            rows, tokenizer, cfg.probe_every_steps, probe_tokens, correctness_reward,
+            notes=notes, stop_at=cfg.stop_at_accuracy,
+        )
+    ]  # fmt: skip

@@ -1,4 +1,5 @@
-"""`grpo.keep: best_probe`: a round returns the step its held-out probe liked best, not its last one.
+"""The probe split choosing checkpoints: `grpo.keep: best_probe` (a round returns the step its held-out probe liked
+best, not its last one) and `sft.stop_at_accuracy` (SFT ends at the first probe that reaches a bar).
 
 A tiny model is first taught one-digit addition (SFT), then a GRPO round rewards short answers at a huge learning
 rate, which destroys what SFT taught: the probe's accuracy falls. With best_probe the round must return an earlier
@@ -148,3 +149,40 @@ def test_best_probe_needs_a_probe():
         load_config(None, ["grpo.keep=best_probe", "data.num_probe=0"])
     with pytest.raises(ConfigError, match=r"probe_patience ends a round by the probe"):
         load_config(None, ["grpo.probe_patience=3"])
+
+
+@pytest.mark.integration
+def test_sft_ends_at_the_first_probe_that_reaches_its_bar(taught):
+    from grpo_pipeline.tasks.model import prepare_base_model
+    from grpo_pipeline.tasks.sft import sft_warmup
+
+    overrides = ["sft.max_steps=400", "sft.stop_at_accuracy=0.25", "sft.probe_every_steps=10", "sft.probe_problems=8"]
+    cfg = load_config(None, [*TINY, f"run_dir={taught.run_dir}", *overrides])
+    base = prepare_base_model(cfg.model, cfg.run_dir, cfg.seed)
+    policy = sft_warmup(base, taught.train, cfg.sft, cfg.model, taught.ctx, probe=taught.probe, probe_tokens=4)
+    history = probe_history(policy)
+    ended = max(history)
+    assert ended < 400 and history[ended] >= 0.25  # stopped at the bar, far short of the cap
+    assert all(acc < 0.25 for step, acc in history.items() if step < ended)  # and not before it
+    note = f"ended at step {ended} of 400: the probe's greedy accuracy {history[ended]:.3f} reached 0.25"
+    assert policy.notes == (note,)
+    assert probe_accuracy(policy, taught.probe) == pytest.approx(history[ended])
+
+
+def test_the_sft_bar_needs_a_probe_split(taught):
+    from grpo_pipeline.tasks.sft import bar_probe
+
+    cfg = load_config(None, ["sft.stop_at_accuracy=0.5"])
+    with pytest.raises(ConfigError, match=r"sft.stop_at_accuracy needs the probe split"):
+        bar_probe(cfg.sft, None, None, "correctness", 4, [])
+
+
+def test_the_bar_keys_sft_on_the_probe_and_reward_code_only_when_set():
+    from grpo_pipeline.tasks.sft import sft_warmup
+
+    external = sft_warmup.stage.external
+    plain = load_config(None, []).sft
+    barred = load_config(None, ["sft.stop_at_accuracy=0.6"]).sft
+    assert external({"cfg": plain, "correctness_reward": "keep_rewards:shorter"}) == {}
+    keyed = external({"cfg": barred, "correctness_reward": "keep_rewards:shorter"})
+    assert set(keyed) == {"probe", "keep_rewards:shorter"}

@@ -205,7 +205,7 @@ def test_cancelling_the_pipeline_cancels_its_grpo_child(stack: Stack) -> None:
 EXPLODING_REWARD = """
 def explode(prompts, completions, trainer_state=None, **kwargs):
     if trainer_state is not None:  # TRL passes its state: this is GRPO training, in the child run
-        raise RuntimeError("reward exploded during training")
+        raise ValueError("reward exploded during training")  # not retried: one child run fails the parent
     return [0.0 for _ in completions]
 """
 

@@ -55,6 +55,7 @@ class HeldOutAccuracyProbe(TrainerCallback):
         keep_best: bool = False,
         patience: int = 0,
         notes: list[str] | None = None,
+        stop_at: float | None = None,
     ):
         self.rows = rows.reset_index(drop=True)
         self.tokenizer = tokenizer
@@ -62,6 +63,7 @@ class HeldOutAccuracyProbe(TrainerCallback):
         self.max_new_tokens = max_new_tokens
         self.reward = build_reward(correctness)
         self.keep_best = keep_best
+        self.stop_at = stop_at  # end training at the first probe at or above this accuracy
         self.patience = patience
         self.history: list[tuple[int, float]] = []
         self.best: tuple[int, float] | None = None  # (step, accuracy) of the kept weights
@@ -101,6 +103,17 @@ class HeldOutAccuracyProbe(TrainerCallback):
             if self.keep_best and self.patience and self._since_best >= self.patience:
                 self._early_stop_at = state.global_step
                 control.should_training_stop = True
+            self._stop_at_bar(state, control)
+
+    def _stop_at_bar(self, state, control) -> None:
+        acc = self.history[-1][1]
+        if self.stop_at is not None and acc >= self.stop_at and state.global_step < state.max_steps:
+            control.should_training_stop = True
+            self.notes.append(
+                f"ended at step {state.global_step} of {state.max_steps}: the probe's greedy accuracy {acc:.3f} "
+                f"reached {self.stop_at}"
+            )
+            logger.info("%s", self.notes[-1])
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
         step = state.global_step
