@@ -4,6 +4,14 @@ Contract (TRL's): `reward(prompts, completions, **dataset_columns) -> list[float
 "not applicable to this row". Completions are plain strings or chat messages; `completion_text` handles both.
 Rewards are built from config entries `{name, weight, params}`: `name` is a registered name or a dotted path
 `pkg.module:function` to a user's own reward (or reward factory, when `params` are given). See docs/rewards.md.
+
+    rewards/
+      registry.py     the registry, building rewards from config, per-call time limits
+      arith.py, math.py, format.py, length.py, judge.py   built-in rewards
+      code.py         code_tests: programs run against their tests in the sandbox
+      code_formats/   test cases of public code datasets (APPS/TACO, CodeContests, LiveCodeBench, open-r1)
+      sandbox         the bubblewrap sandbox code runs in (host side)
+      _harness.py     the sandbox's fork server and test runner (one source, shipped into the sandbox)
 """
 
 # Importing the built-in modules registers their rewards.

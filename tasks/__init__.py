@@ -3,11 +3,12 @@ role, never in another stage's module. Each stage is a plain function usable wit
 that wrap them live in flows/grpo_pipeline.py.
 
     tasks/
-      data.py        prepare_data: synthetic, file or Hub rows, split into train and eval
+      data.py        prepare_data: synthetic, file or Hub rows, split into train, eval and the probe split
       validate.py    validate_data: the data contract (columns, blanks, duplicates, overlap, lengths)
       model.py       base_model (prepare_base_model) and pin_registered (a registry alias -> one version)
       preflight.py   check_config and check_inputs: bad input caught before anything trains
-      sft.py         sft_warmup
+      sft.py         sft_warmup (optionally until its probe reaches a bar)
+      sft_check.py   check_sft: before GRPO, has SFT learned its data?
       difficulty.py  filter_by_difficulty: between GRPO rounds, the prompts the policy sometimes solves
       grpo.py        grpo_train: one GRPO round
       evaluate.py    evaluate: a policy on the held-out split
