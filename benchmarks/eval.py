@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from grpo_pipeline.configs.schema import load_config  # noqa: E402
-from grpo_pipeline.tasks.data import synthetic_arithmetic  # noqa: E402
 from grpo_pipeline.tasks.scoring.generation import generate  # noqa: E402
+from grpo_pipeline.tasks.sources.synthetic import synthetic_arithmetic  # noqa: E402
 from grpo_pipeline.tasks.training.tiny_model import build_tiny_model  # noqa: E402
 from grpo_pipeline.tasks.training.trainer import load_tokenizer  # noqa: E402
 

@@ -30,7 +30,7 @@ from grpo_pipeline.runtime import setup
 from grpo_pipeline.tasks.core.common import Checkpoint, damaged
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.core.tracking import unreachable
-from grpo_pipeline.tasks.data import DataError, DatasetRefs
+from grpo_pipeline.tasks.data import DatasetRefs
 from grpo_pipeline.tasks.data import prepare_data as _prepare_data
 from grpo_pipeline.tasks.difficulty import Rollouts, filters_round
 from grpo_pipeline.tasks.difficulty import filter_by_difficulty as _filter_by_difficulty
@@ -44,6 +44,7 @@ from grpo_pipeline.tasks.scoring.evaluation import EvalResult
 from grpo_pipeline.tasks.sft import sft_warmup as _sft_warmup
 from grpo_pipeline.tasks.sft_check import SFTNotLearnedError
 from grpo_pipeline.tasks.sft_check import check_sft as _check_sft
+from grpo_pipeline.tasks.sources import DataError
 from grpo_pipeline.tasks.training.monitor import TrainingHealthError
 from grpo_pipeline.tasks.training.trainer import check_model_runtime
 from grpo_pipeline.tasks.validate import DataValidationError

@@ -192,8 +192,8 @@ def eval_command(
 ) -> None:
     """Evaluate a checkpoint or registered version: greedy accuracy (95% CI), pass@k, maj@k."""
     from grpo_pipeline.rewards.registry import RewardError
-    from grpo_pipeline.tasks.data import DataError
     from grpo_pipeline.tasks.scoring.evaluation import evaluate_model
+    from grpo_pipeline.tasks.sources import DataError
 
     setup()
     try:

@@ -13,6 +13,7 @@ that wrap them live in flows/grpo_pipeline.py.
       grpo.py        grpo_train: one GRPO round
       evaluate.py    evaluate: a policy on the held-out split
       register.py    register_policy: the policy as a registered, gated MLflow model version
+      sources/       where rows come from: the synthetic tasks, files and Hugging Face datasets (DataError)
       core/          stage keys and output folders, artifact references, MLflow runs, launches, publishing, Hub
       training/      the trainer scaffold SFT and GRPO share, checkpoints, callbacks, the tiny model
       scoring/       generation, judging and scoring eval items, metrics, chat templates, benchmark formats

@@ -14,10 +14,12 @@ from trl.data_utils import is_conversational
 
 from grpo_pipeline.configs.schema import ConfigError, DataConfig, TinyModelConfig, load_config
 from grpo_pipeline.rewards import build_reward
-from grpo_pipeline.tasks.data import DataError, map_columns, prepare_data
+from grpo_pipeline.tasks.data import prepare_data
 from grpo_pipeline.tasks.scoring import chat
 from grpo_pipeline.tasks.scoring.generation import generate
 from grpo_pipeline.tasks.scoring.items import reward_scores
+from grpo_pipeline.tasks.sources import DataError
+from grpo_pipeline.tasks.sources.tables import map_columns
 from grpo_pipeline.tasks.training.tiny_model import CHARACTERS, SPECIAL_TOKENS, build_tiny_model, build_tokenizer
 from grpo_pipeline.tasks.training.trainer import load_split
 from grpo_pipeline.tasks.validate import CHAT_CHECK, DataValidationError, validate_frames

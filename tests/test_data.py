@@ -5,7 +5,9 @@ import pandas as pd
 import pytest
 
 from grpo_pipeline.configs.schema import DataConfig, load_config
-from grpo_pipeline.tasks.data import DataError, needs_carry, prepare_data, split_train_eval, synthetic_arithmetic
+from grpo_pipeline.tasks.data import prepare_data, split_train_eval
+from grpo_pipeline.tasks.sources import DataError
+from grpo_pipeline.tasks.sources.synthetic import needs_carry, synthetic_arithmetic
 from grpo_pipeline.tasks.validate import DataValidationError, validate_data, validate_frames
 
 

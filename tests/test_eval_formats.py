@@ -17,11 +17,11 @@ import pandas as pd
 import pytest
 
 from grpo_pipeline.rewards import REGISTRY, build_reward
-from grpo_pipeline.tasks.data import DataError
 from grpo_pipeline.tasks.scoring.adapters import mbpp_prompt
 from grpo_pipeline.tasks.scoring.formats import FORMATS, correctness_reward_for, detect_format, load_eval_rows
 from grpo_pipeline.tasks.scoring.items import judge
 from grpo_pipeline.tasks.scoring.metrics import mean_pass_at_k
+from grpo_pipeline.tasks.sources import DataError
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 GSM8K = DATA / "gsm8k_test.jsonl"

@@ -8,12 +8,8 @@ import pytest
 
 from grpo_pipeline.configs.schema import ConfigError, load_config
 from grpo_pipeline.rewards import build_reward
-from grpo_pipeline.tasks.data import (
-    FAMILIES,
-    function_family,
-    prepare_data,
-    synthetic_functions,
-)
+from grpo_pipeline.tasks.data import prepare_data
+from grpo_pipeline.tasks.sources.synthetic import FAMILIES, function_family, synthetic_functions
 from grpo_pipeline.tasks.training.tiny_model import build_tokenizer
 from grpo_pipeline.tasks.validate import validate_data
 from tests.helpers import ROOT

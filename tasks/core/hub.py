@@ -19,8 +19,8 @@ import os
 from pathlib import Path
 
 from grpo_pipeline.configs.schema import DataConfig
-from grpo_pipeline.tasks.data import dataset_fix
 from grpo_pipeline.tasks.model import REGISTRY_PREFIX, looks_local
+from grpo_pipeline.tasks.sources.tables import dataset_fix
 
 # One HEAD request to the hub's endpoint; a refused or unresolved connection answers at once, a black hole after this.
 HEAD_TIMEOUT_S = 3.0

@@ -48,7 +48,7 @@ from grpo_pipeline.rewards.code_formats import (
     plain,
 )
 from grpo_pipeline.rewards.math import extract_gold, last_boxed
-from grpo_pipeline.tasks.data import DataError
+from grpo_pipeline.tasks.sources import DataError
 
 if TYPE_CHECKING:  # the format names; formats.py imports this module's adapters
     from grpo_pipeline.tasks.scoring.formats import EvalFormat

@@ -29,11 +29,11 @@ from grpo_pipeline.tasks.core.stage import (
     package_modules,
     user_code_fingerprint,
 )
-from grpo_pipeline.tasks.data import read_table
 from grpo_pipeline.tasks.scoring.chat import render_prompt
 from grpo_pipeline.tasks.scoring.generation import generate_with_ids
 from grpo_pipeline.tasks.scoring.items import _mean, score_items
 from grpo_pipeline.tasks.scoring.metrics import bootstrap_ci
+from grpo_pipeline.tasks.sources.tables import read_table
 from grpo_pipeline.tasks.training.trainer import load_tokenizer
 
 ITEMS_FILE = "items.jsonl"

@@ -10,7 +10,6 @@ from typing import Literal, get_args
 
 import pandas as pd
 
-from grpo_pipeline.tasks.data import DataError, read_table
 from grpo_pipeline.tasks.scoring.adapters import (
     map_apps,
     map_boxed,
@@ -22,6 +21,8 @@ from grpo_pipeline.tasks.scoring.adapters import (
     map_open_r1,
     map_passthrough,
 )
+from grpo_pipeline.tasks.sources import DataError
+from grpo_pipeline.tasks.sources.tables import read_table
 
 EvalFormat = Literal[
     "gsm8k", "boxed", "humaneval", "mbpp", "apps", "codecontests", "livecodebench", "open-r1", "columns"
