@@ -113,6 +113,16 @@ def round_callbacks(
     return callbacks
 
 
+def round_health(
+    cfg: GRPOStageConfig, monitors: MonitorsConfig, stage_name: str, weights: list[float], correctness_reward: str
+) -> RoundHealth:
+    """The round's health watch; the correctness reward, when it is one of the round's rewards, tells solved groups
+    (saturation) from unsolved ones (the zero_spread alarm)."""
+    names = [spec.name for spec in cfg.rewards]
+    index = names.index(correctness_reward) if correctness_reward in names else None
+    return RoundHealth(monitors, stage_name, cfg.beta, cfg.generations_per_prompt, weights, index)
+
+
 def round_name(round_index: int) -> str:
     """The one name of GRPO round `round_index`: its task run, MLflow run, output folder and progress artifact."""
     return f"grpo-round{round_index}"
@@ -147,9 +157,7 @@ def grpo_train(
     monitors = monitors or MonitorsConfig()
     stage_name = round_name(round_index)
     reward_fns, weights = build_rewards(cfg.rewards)
-    names = [spec.name for spec in cfg.rewards]
-    correctness_index = names.index(correctness_reward) if correctness_reward in names else None
-    health = RoundHealth(monitors, stage_name, cfg.beta, cfg.generations_per_prompt, weights, correctness_index)
+    health = round_health(cfg, monitors, stage_name, weights, correctness_reward)
     if monitors.enabled:
         reward_fns = health.wrap_rewards(reward_fns)  # records each step's rewards for the zero-spread reading
     dataset = load_split(train.require())
