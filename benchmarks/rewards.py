@@ -2,7 +2,7 @@
 
 (a) naive: one `python -m pytest` subprocess per completion, one after another (the usual blog-post approach:
     write prompt + completion + test + `def test_check(): check(entry_point)` to a file and run pytest on it);
-(b) the sandbox (rewards/sandbox.py) with isolation on, programs in parallel on the usable cores.
+(b) the sandbox (rewards/sandbox/) with isolation on, programs in parallel on the usable cores.
 Both must agree on every verdict. Prints both wall times; the last line is
 `speedup=<x> isolated=<true|false> per_exec_ms=<y>` (per_exec_ms: sandbox wall time per program).
 

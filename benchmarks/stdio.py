@@ -3,7 +3,7 @@
 (a) naive: what local runners in this field do: write the program to a file and run `python program.py` once per
     test case with the input on stdin (`subprocess.run(..., input=..., timeout=...)`), no isolation; the same
     number of programs in parallel as the sandbox has workers, so the ratio is per core, not a parallelism gain;
-(b) the `code_tests` reward's sandbox (rewards/sandbox.py) with isolation on: one fork per case from a launcher
+(b) the `code_tests` reward's sandbox (rewards/sandbox/) with isolation on: one fork per case from a launcher
     whose Python is already started.
 Programs: `--programs` generated ones (default 200) of ten kinds (sums, sorting, string and grid work), a fifth of
 them wrong, each with `--cases` stdin/stdout cases (default 5). Both must agree on every verdict.

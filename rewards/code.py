@@ -1,4 +1,4 @@
-"""Code execution against unit tests, in the sandbox (rewards/sandbox.py).
+"""Code execution against unit tests, in the sandbox (rewards/sandbox/).
 
 Test styles, chosen per row from the dataset columns (docs/rewards.md has a table with a row of each):
   - HumanEval (Chen et al. 2021, github.com/openai/human-eval): `test` holds `def check(candidate): assert ...` and

@@ -25,11 +25,10 @@ from typing import Any
 
 import pytest
 
-from grpo_pipeline.rewards import sandbox as sandbox_module
 from grpo_pipeline.rewards._harness import Opaque, decode, encode
 from grpo_pipeline.rewards.code import humaneval_job
 from grpo_pipeline.rewards.sandbox import (
-    _BASE_UID,
+    BASE_UID,
     CodeJob,
     RunResult,
     Sandbox,
@@ -38,6 +37,7 @@ from grpo_pipeline.rewards.sandbox import (
     bwrap_status,
     unprivileged_uid_status,
 )
+from grpo_pipeline.rewards.sandbox import config as sandbox_config
 
 TIMEOUT_S = 2.0
 PROMPT = 'def f(x):\n    """Return twice x."""\n'
@@ -254,7 +254,7 @@ def test_fork_storm_leaves_no_processes(contained: Sandbox) -> None:
         except (OSError, StopIteration):
             continue
         uid = int(uid_line.split()[1])
-        if _BASE_UID <= uid < _BASE_UID + contained.workers:
+        if BASE_UID <= uid < BASE_UID + contained.workers:
             leftovers.append(status.parent.name)
     assert leftovers == []
 
@@ -390,7 +390,7 @@ def test_broken_tests_are_infrastructure_errors(sandbox: Sandbox) -> None:
 @pytest.mark.integration
 def test_sandbox_that_cannot_start_scores_none(monkeypatch: pytest.MonkeyPatch) -> None:
     broken = make_sandbox(timeout_s=1, workers=1)
-    monkeypatch.setattr(sandbox_module, "HARNESS_SOURCE", "import os; os._exit(3)")  # the server dies at start
+    monkeypatch.setattr(sandbox_config, "HARNESS_SOURCE", "import os; os._exit(3)")  # the server dies at start
     job = humaneval_job(PROMPT, "    return 2 * x\n", TEST, "f")
     result = broken.run([job])[0]
     assert result.score() is None and result.status == "infra_error"

@@ -22,10 +22,10 @@ from typer.testing import CliRunner
 
 from grpo_pipeline.rewards import build_reward
 from grpo_pipeline.rewards import code as code_module
-from grpo_pipeline.rewards import sandbox as sandbox_module
 from grpo_pipeline.rewards.code import humaneval_job
 from grpo_pipeline.rewards.registry import RewardError
-from grpo_pipeline.rewards.sandbox import CodeJob, Sandbox, SandboxConfig, SandboxUnavailable
+from grpo_pipeline.rewards.sandbox import CodeJob, Mode, Sandbox, SandboxConfig, SandboxUnavailable
+from grpo_pipeline.rewards.sandbox import host as sandbox_host
 from tests.test_sandbox import make_sandbox
 
 PROMPT = 'def f(x):\n    """Return twice x."""\n'
@@ -64,7 +64,7 @@ def test_programs_never_run_as_root(isolation: str) -> None:
 @pytest.fixture
 def root_without_bwrap(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
     """Simulate root without bubblewrap; return an interpreter under a 0700 directory (closed to other users)."""
-    monkeypatch.setattr(sandbox_module, "bwrap_status", lambda python=None: (False, "bwrap is not installed"))
+    monkeypatch.setattr(sandbox_host, "bwrap_status", lambda python=None: (False, "bwrap is not installed"))
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     closed = tmp_path / "closed"
     closed.mkdir(mode=0o700)
@@ -100,7 +100,7 @@ def test_rewards_score_cli_shows_the_refusal_without_a_traceback(
     from grpo_pipeline.cli import app
 
     # the default interpreter, whatever its directories: as if other users could not run it
-    monkeypatch.setattr(sandbox_module, "unprivileged_uid_status", lambda python: (False, "uid 61000 cannot run it"))
+    monkeypatch.setattr(sandbox_host, "unprivileged_uid_status", lambda python: (False, "uid 61000 cannot run it"))
     monkeypatch.setattr(code_module, "default_sandbox", functools.cache(lambda config: Sandbox(config)))
     canary = tmp_path / "canary.txt"
     source = tmp_path / "completions.jsonl"
@@ -134,10 +134,10 @@ def test_harness_refuses_a_program_as_root_when_the_host_gives_no_uid(
     """The second line of defence: a host-side slip (no uid, no opt-out) must not run a program as root."""
     if os.geteuid() != 0:
         pytest.skip("only a harness that runs as root has root to refuse")
-    monkeypatch.setattr(sandbox_module, "bwrap_status", lambda python=None: (False, "bwrap is not installed"))
-    monkeypatch.setattr(sandbox_module, "unprivileged_uid_status", lambda python: (False, "simulated"))
+    monkeypatch.setattr(sandbox_host, "bwrap_status", lambda python=None: (False, "bwrap is not installed"))
+    monkeypatch.setattr(sandbox_host, "unprivileged_uid_status", lambda python: (False, "simulated"))
     sandbox = Sandbox(SandboxConfig(isolation="unsafe-root", timeout_s=5, workers=1))
-    sandbox.as_root = False  # the slip: neither a uid to drop to nor the opt-out reaches the harness
+    sandbox.mode = Mode.RLIMITS  # the slip: neither a uid to drop to nor the opt-out reaches the harness
     canary = tmp_path / "canary.txt"
     try:
         result = sandbox.run([canary_job(canary)])[0]
