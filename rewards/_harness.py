@@ -23,6 +23,15 @@ Fraction, datetime, namedtuples, enum members, ...) as their data, rebuilt as th
 side; anything else becomes a reference of the call protocol (a handle to a program's object, a callback to a
 tests' callable), or, outside a call, an opaque value that equals nothing. It is parsed by hand, without `eval` or
 pickle, and without importing json/re (start-up time matters here).
+
+Contents, in the order of the section banners below:
+  - wire format: framing (`read_message`, `write_message`), `encode`/`decode`;
+  - standard-library values on the wire: how Counter, deque, Decimal, datetime, ... cross;
+  - the call protocol: `send`/`receive`, the program's side (`serve_program`, `_ProgramSide`), and the stdin/stdout
+    launcher (`_serve_stdio`, one fork per case);
+  - the tests' side (this process): `Handle`, `Channel`, binding names into asserts (`_bind`), `run_tests`
+    (assert lists, call cases, stdio cases with `outputs_match`), the verdict's `mac`;
+  - the fork server: `run_program` (one child per program: rlimits, uid, non-dumpable), `serve`.
 """
 
 # ruff: noqa: SIM105  (try/except/pass, not contextlib.suppress: importing contextlib costs ~1 ms per sandbox start)
