@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from grpo_pipeline.configs.algorithm import VLLM_CORRECTION_FIELDS, PolicyLossConfig
 from grpo_pipeline.configs.base import UNKEYED, Section, save_every_steps_field
 
 
@@ -82,11 +83,12 @@ class DifficultyFilterConfig(Section):
         return self
 
 
-class GRPOStageConfig(Section):
+class GRPOStageConfig(PolicyLossConfig):
     """The `grpo:` section: iterative GRPO rounds (tasks/grpo.py); `trl_grpo_args` maps it onto TRL's
-    `GRPOConfig`."""
+    `GRPOConfig`. The objective's fields (loss type, clipping, entropy, off-policy corrections) come first, from
+    `PolicyLossConfig` (configs/algorithm.py)."""
 
-    # Parameters that control the algorithm: rounds, batch (in prompts and completions), optimizer and loss
+    # Parameters that control the rounds: their number, batch (in prompts and completions), optimizer and rewards
     rounds: int = Field(
         default=1, ge=1, description="Iterative GRPO rounds; each starts from the last policy and resets the reference."
     )
@@ -97,14 +99,6 @@ class GRPOStageConfig(Section):
     )
     learning_rate: float = Field(default=1e-4, gt=0, description="Peak learning rate.")
     warmup_ratio: float = Field(default=0.0, ge=0, le=1, description="Fraction of steps for linear warmup.")
-    beta: float = Field(default=0.0, ge=0, description="KL coefficient against the reference model; 0 disables it.")
-    epsilon: float = Field(default=0.2, gt=0, description="PPO-style clipping range of the importance ratio.")
-    loss_type: Literal["grpo", "dr_grpo", "dapo", "bnpo"] = Field(
-        default="dapo", description="Loss aggregation (TRL's loss_type)."
-    )
-    scale_rewards: Literal["group", "batch", "none"] = Field(
-        default="group", description="Divide advantages by the group's ('group'), batch's or no ('none') reward std."
-    )
     rewards: list[RewardSpec] = Field(
         default=[RewardSpec(name="correctness"), RewardSpec(name="format", weight=0.2)],
         min_length=1,
@@ -198,6 +192,11 @@ class GRPOStageConfig(Section):
         "(`grpo-pipeline serve`).",
     )
 
+    @property
+    def reuses_rollouts(self) -> bool:
+        """Whether one generation serves more than one optimizer pass (off-policy samples without vLLM)."""
+        return self.num_iterations > 1 or (self.steps_per_generation or 1) > 1
+
     @model_validator(mode="after")
     def _keep_has_a_probe(self) -> GRPOStageConfig:
         if self.keep == "best_probe" and not self.probe_problems:
@@ -215,6 +214,25 @@ class GRPOStageConfig(Section):
             raise ValueError(
                 "vllm_mode is 'server' but use_vllm is false, so no server would be used; set grpo.use_vllm=true "
                 "(or auto) or grpo.vllm_mode=colocate"
+            )
+        if self.use_vllm is False and (asked := sorted(self.model_fields_set & set(VLLM_CORRECTION_FIELDS))):
+            raise ValueError(
+                f"{', '.join(asked)} correct vLLM rollouts but use_vllm is false; set grpo.use_vllm=true (or auto) "
+                "or leave them out"
+            )
+        if self.use_vllm is False and self.off_policy_mask_threshold is not None and not self.reuses_rollouts:
+            raise ValueError(
+                "off_policy_mask_threshold masks completions sampled by another policy, but with use_vllm false, "
+                "num_iterations 1 and steps_per_generation 1 every completion is on-policy; raise grpo.num_iterations "
+                "or grpo.steps_per_generation, or unset it"
+            )
+        vespo_vllm = (
+            self.loss_type == "vespo" and self.use_vllm is not False and self.vllm_importance_sampling_correction
+        )
+        if vespo_vllm and not self.vllm_importance_sampling_mode.startswith("token_"):
+            raise ValueError(
+                "loss_type vespo with vLLM rollouts needs a per-token correction; set "
+                "grpo.vllm_importance_sampling_mode=token_truncate (or token_mask), or grpo.use_vllm=false"
             )
         url = self.vllm_server_base_url
         if url is not None and not url.startswith(("http://", "https://")):

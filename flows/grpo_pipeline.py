@@ -277,6 +277,7 @@ def grpo_round(
             "parent_model": parent,
             "parent_run_id": start.run_id or "",
             "round": str(r),
+            **{f"grpo.{name}": str(value) for name, value in cfg.grpo.algorithm().items()},  # the objective trained
             **({"sft_warning": sft_warning} if sft_warning else {}),  # the model card says so too
         }
         registration = run(

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from grpo_pipeline.configs.algorithm import VLLM_CORRECTION_FIELDS, PolicyLossConfig
 from grpo_pipeline.configs.schema import ConfigError, GRPOStageConfig, ModelConfig, MonitorsConfig
 from grpo_pipeline.rewards import build_rewards
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref, logger
@@ -45,6 +46,8 @@ def trl_grpo_args(
             "grpo.vllm_mode is 'server' but vLLM is not used here (use_vllm: auto needs CUDA and the vllm package); "
             "rollouts are generated with transformers in the training process"
         )
+    if not use_vllm and (asked := sorted(cfg.model_fields_set & set(VLLM_CORRECTION_FIELDS))):
+        logger.warning("%s correct vLLM rollouts; vLLM is not used here, so they have no effect", ", ".join(asked))
     return GRPOConfig(
         **common,
         max_steps=cfg.steps_per_round,
@@ -58,10 +61,8 @@ def trl_grpo_args(
         max_completion_length=cfg.max_completion_tokens,
         temperature=cfg.temperature,
         top_p=cfg.top_p,
-        beta=cfg.beta,
-        epsilon=cfg.epsilon,
-        loss_type=cfg.loss_type,
-        scale_rewards=cfg.scale_rewards,
+        # the objective (loss type, clipping, entropy, off-policy corrections), each under TRL's own name
+        **cfg.algorithm(),
         reward_weights=weights,
         use_vllm=use_vllm,
         vllm_mode=cfg.vllm_mode,
@@ -164,9 +165,10 @@ def grpo_train(
     if "completion" in dataset.column_names:  # the SFT target; TRL would pass it to rewards as a column
         dataset = dataset.remove_columns("completion")
     watch = health if monitors.enabled else None
+    objective: dict[str, Any] = {}  # what TRL's trainer runs with, read back from it: the round's meta records it
 
     def build(common: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> GRPOTrainer:
-        return GRPOTrainer(
+        trainer = GRPOTrainer(
             model=start.path,
             reward_funcs=reward_fns,
             args=trl_grpo_args(cfg, common, weights, ctx.num_processes),
@@ -175,6 +177,8 @@ def grpo_train(
             callbacks=round_callbacks(cfg, tokenizer, held_out, correctness_reward, watch, health.notes),
             **adapter_args(model_cfg),
         )
+        objective.update({name: getattr(trainer.args, name) for name in PolicyLossConfig.model_fields})
+        return trainer
 
     policy = train_policy(
         start,
@@ -188,6 +192,6 @@ def grpo_train(
         save_every_steps=cfg.save_every_steps,
         keep_checkpoints=cfg.keep_checkpoints,
         # filled in during training, saved after it
-        meta={"round": round_index, "alarms": health.alarms, "notes": health.notes},
+        meta={"round": round_index, "alarms": health.alarms, "notes": health.notes, "objective": objective},
     )
     return policy.model_copy(update={"alarms": tuple(health.alarms), "notes": tuple(health.notes)})

@@ -54,6 +54,7 @@ def model_card(
         f"- training data fingerprint `{tags.get('data_fingerprint', '?')[:12]}`",
         f"- eval set fingerprint `{result.eval_fingerprint[:12]}`, {result.num_problems} items",
         "",
+        *objective_lines(tags),
         f"## Evaluation (n={result.n_samples}, temperature {result.temperature}, top_p {result.top_p}, "
         f"max new tokens {result.max_new_tokens}, seed {result.seed}; correct means "
         f"`{result.config.correctness_reward}` gives 1.0, reward code `{result.scorer_version or '?'}`)",
@@ -88,6 +89,12 @@ def model_card(
         "```",
     ]
     return "\n".join(lines) + "\n"
+
+
+def objective_lines(tags: dict[str, str]) -> list[str]:
+    """The GRPO objective the policy was trained with (the version's `grpo.*` tags, TRL's names), when it has one."""
+    settings = [f"{key.removeprefix('grpo.')}={value}" for key, value in tags.items() if key.startswith("grpo.")]
+    return ["## Objective (TRL's GRPOConfig)", ", ".join(settings), ""] if settings else []
 
 
 def serve_line(model_name: str) -> str:
