@@ -5,10 +5,15 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from grpo_pipeline.runtime import setup
@@ -65,6 +70,7 @@ class MicroRun:
     store: Path  # PREFECT_HOME in store/prefect-home, run dir and MLflow SQLite store in store/runs
     summary: dict  # its --summary-json
     grpo_checkpoint: Path  # round 1's policy, the version it registered (v1 of helpers.MICRO_MODEL)
+    output: str  # everything it printed (stdout and stderr), at helpers.cli_env's console width
 
 
 @pytest.fixture(scope="session")
@@ -75,9 +81,10 @@ def micro_run(tmp_path_factory: pytest.TempPathFactory) -> MicroRun:
     from tests.helpers import finished, run_pipeline
 
     store = tmp_path_factory.mktemp("micro-run")
-    summary = finished(*run_pipeline(store, "cold"))
+    proc, summary_path = run_pipeline(store, "cold")
+    summary = finished(proc, summary_path)
     (checkpoint,) = (store / "runs" / "grpo-round1").iterdir()
-    return MicroRun(store, summary, checkpoint)
+    return MicroRun(store, summary, checkpoint, proc.stdout + proc.stderr)
 
 
 @pytest.fixture
@@ -85,3 +92,46 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data directory {SHARED_DATA} is absent")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One Prefect server on loopback per test session (per pytest-xdist worker), for the CLI runs that need a
+    server but not one of their own: each would otherwise start a temporary one (seconds each). The runs whose tests
+    read the server's own database (the session's cold `micro_run`) keep theirs."""
+    from grpo_pipeline.stack import free_port
+    from tests.helpers import cli_env
+
+    home = tmp_path_factory.mktemp("prefect-server")
+    port = free_port()
+    log = open(home / "server.log", "w")  # noqa: SIM115 (closed in finally)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=cli_env(home, PREFECT_UI_ENABLED="false"),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + 180
+        while not _healthy(f"{url}/health"):
+            assert proc.poll() is None, (home / "server.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the Prefect server did not start in 180 s"
+            time.sleep(0.5)
+        yield url
+    finally:
+        os.killpg(proc.pid, 15)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+        log.close()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False

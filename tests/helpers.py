@@ -59,9 +59,13 @@ def run_cli(args: list[str], env: dict[str, str], timeout: int = 600) -> subproc
     )
 
 
-def run_pipeline(store: Path, name: str, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+def run_pipeline(
+    store: Path, name: str, *extra: str, api: str | None = None
+) -> tuple[subprocess.CompletedProcess, Path]:
     """`grpo-pipeline run` of the micro config on `store` (its PREFECT_HOME, run dir and MLflow SQLite store);
-    returns the process and where its summary is written (`<store>/<name>.json`). Later `extra` values win."""
+    returns the process and where its summary is written (`<store>/<name>.json`). Later `extra` values win. With
+    `api` (a running Prefect server's API URL, conftest's `prefect_api`) the run uses that server instead of starting
+    a temporary one."""
     summary = store / f"{name}.json"
     args = [
         "run",
@@ -73,7 +77,7 @@ def run_pipeline(store: Path, name: str, *extra: str) -> tuple[subprocess.Comple
         f"registry.model_name={MICRO_MODEL}",
         *extra,
     ]
-    return run_cli(args, cli_env(store)), summary
+    return run_cli(args, cli_env(store, **({"PREFECT_API_URL": api} if api else {}))), summary
 
 
 def finished(proc: subprocess.CompletedProcess, summary: Path) -> dict:

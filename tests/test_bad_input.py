@@ -14,20 +14,16 @@ import re
 import shutil
 import sqlite3
 import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pandas as pd
 import pytest
 
 from grpo_pipeline.configs.schema import DataConfig
 from grpo_pipeline.rewards.registry import RewardError, check_scores
-from grpo_pipeline.stack import free_port
 from grpo_pipeline.tasks.data import split_train_eval
 from grpo_pipeline.tasks.model import check_base_path
 from grpo_pipeline.tasks.preflight import reward_problems, run_dir_problem
@@ -165,44 +161,6 @@ def test_unwritable_run_dir_fails_before_prefect_starts(tmp_path: Path, read_onl
 
 
 # ----------------------------------------------------------------------------- data and model cases
-
-
-@pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One Prefect server on loopback for the module's flow runs (each CLI run would otherwise start its own)."""
-    home = tmp_path_factory.mktemp("prefect-server")
-    port = free_port()
-    log = open(home / "server.log", "w")  # noqa: SIM115 (closed in finally)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        env=cli_env(home, PREFECT_UI_ENABLED="false"),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}/api"
-    try:
-        deadline = time.monotonic() + 180
-        while not _healthy(f"{url}/health"):
-            assert proc.poll() is None, (home / "server.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the Prefect server did not start in 180 s"
-            time.sleep(0.5)
-        yield url
-    finally:
-        os.killpg(proc.pid, 15)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-        log.close()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2.0).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def write_rows(path: Path, rows: list[dict]) -> Path:

@@ -265,7 +265,7 @@ def seen(prompts, completions, **kwargs):
 
 
 @pytest.mark.integration
-def test_chat_pipeline_through_the_cli(tmp_path: Path) -> None:
+def test_chat_pipeline_through_the_cli(tmp_path: Path, prefect_api: str) -> None:
     """A micro run with chat prompts: SFT and GRPO tokenize the rendered template (MLflow `num_tokens` per
     sequence is far above what the bare prompts have), GRPO's rewards get messages, the eval keeps the rendered
     prompt, and the round is registered."""
@@ -285,7 +285,7 @@ def test_chat_pipeline_through_the_cli(tmp_path: Path) -> None:
         f"code_dir={tmp_path}",
         "grpo.rewards=[{name: correctness}, {name: format, weight: 0.2}, {name: 'chatprobe:seen', weight: 0.0}]",
     ]
-    proc = run_cli(args, cli_env(tmp_path, CHAT_PROBE_LOG=str(log)), timeout=400)
+    proc = run_cli(args, cli_env(tmp_path, CHAT_PROBE_LOG=str(log), PREFECT_API_URL=prefect_api), timeout=400)
     assert proc.returncode == 0, f"pipeline failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     summary = json.loads(summary_path.read_text())
     (reg,) = summary["registrations"]

@@ -1,5 +1,7 @@
 """What `grpo-pipeline run` prints: no library deprecation noise, no raw trainer log dicts, one progress line per
-training stage with its key numbers, and a summary whose tables keep every metric name whole at 100 columns."""
+training stage with its key numbers, and a summary whose tables keep every metric name whole at 100 columns. What
+the session's cold micro run printed is read in tests/test_pipeline_integration.py, beside the other tests of that
+run."""
 
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ import re
 import warnings
 from types import SimpleNamespace
 
-import pytest
 from rich.console import Console
 from rich.markdown import Markdown
 
@@ -19,36 +20,10 @@ from grpo_pipeline.tasks.release.gate import GateDecision
 from grpo_pipeline.tasks.release.versions import Registration
 from grpo_pipeline.tasks.training.progress import ConsoleProgress
 from grpo_pipeline.tasks.training.trainer import shared_args
-from tests.helpers import finished, run_pipeline
 
 METRICS = ["accuracy", "pass_at_1", "pass_at_4", "pass_at_8", "maj_at_1", "maj_at_4", "maj_at_8"]
 METRICS += ["reward/correctness", "reward/format"]  # the default recipe's columns (eval.k: [1, 4, 8], two rewards)
 UNSCORED_REASON = "only 5 of 24 items have a accuracy score for the challenger (19 unscored for the challenger)"
-
-
-@pytest.fixture(scope="module")
-def micro_console(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Everything a micro `grpo-pipeline run` printed (stdout and stderr), at 100 columns."""
-    proc, summary = run_pipeline(tmp_path_factory.mktemp("console"), "console", "registry.model_name=micro-console")
-    finished(proc, summary)
-    return proc.stdout + proc.stderr
-
-
-@pytest.mark.integration
-def test_the_console_has_no_deprecation_warnings_and_no_raw_log_dicts(micro_console):
-    assert "FutureWarning" not in micro_console
-    assert "gradient_checkpointing" not in micro_console
-    assert "pin_memory" not in micro_console  # torch's UserWarning for pinned memory without an accelerator
-    assert "{'loss'" not in micro_console and "{'train_runtime'" not in micro_console
-
-
-@pytest.mark.integration
-def test_each_training_stage_shows_one_progress_line_with_its_numbers(micro_console):
-    # the bar (its last state), then the log line with the same numbers
-    assert re.search(r"grpo-round1: 100%.*2/2.*loss=[-\d.e]+, reward=[-\d.e]+, probe acc=[\d.e]+", micro_console)
-    assert re.search(r"sft: 100%.*6/6", micro_console)
-    assert re.search(r"sft finished: 6 steps, train loss \d+\.\d{4}", micro_console)
-    assert re.search(r"grpo-round1 finished: 2 steps, train loss [-\d.]+ \(last logged: loss=", micro_console)
 
 
 def test_the_trainers_arguments_raise_no_deprecation_warning():

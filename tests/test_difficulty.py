@@ -256,7 +256,7 @@ def test_too_few_kept_is_an_error_that_names_the_setting(
 
 
 @pytest.mark.integration
-def test_round_two_trains_on_the_filtered_split(tmp_path) -> None:
+def test_round_two_trains_on_the_filtered_split(tmp_path, prefect_api) -> None:
     """Through the CLI: round 2 is preceded by the filter and trains on what it kept (the GRPO run's data tag);
     the summary shows the kept fraction; switching the filter off again reruns round 2 only."""
     # `coin` as a user's module would hold it: in a directory of their own on PYTHONPATH (the checkout's root, where
@@ -268,7 +268,7 @@ def test_round_two_trains_on_the_filtered_split(tmp_path) -> None:
         "run", "--config", "configs/tiny-arith.yaml", *micro_overrides(tmp_path / "runs"), "grpo.rounds=2",
         "eval.correctness_reward=difficulty_coin:coin", "registry.model_name=micro-difficulty",
     ]  # fmt: skip
-    env = cli_env(tmp_path, PYTHONPATH=str(user_code))
+    env = cli_env(tmp_path, PYTHONPATH=str(user_code), PREFECT_API_URL=prefect_api)
     on = run_cli([*common, "grpo.difficulty_filter.enabled=true", "--summary-json", str(tmp_path / "on.json")], env)
     assert on.returncode == 0, f"pipeline failed:\n{on.stdout[-4000:]}\n{on.stderr[-4000:]}"
     summary = json.loads((tmp_path / "on.json").read_text())

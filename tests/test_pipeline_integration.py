@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import sqlite3
 import subprocess
 import sys
@@ -75,7 +76,7 @@ class Rerun:
 
 
 @pytest.fixture(scope="module")
-def reruns(micro_run: MicroRun) -> dict[str, Rerun]:
+def reruns(micro_run: MicroRun, prefect_api: str) -> dict[str, Rerun]:
     """The reruns on the micro run's store, in a fixed order. A failed rerun fails only the test that reads it.
     `--refresh` uses a learning rate of its own, so it cannot cache what `grpo-changed` must train; the damaged
     checkpoint comes last, so the other runs never see it."""
@@ -94,7 +95,7 @@ def reruns(micro_run: MicroRun) -> dict[str, Rerun]:
             for sft_dir in (store / "runs" / "sft").iterdir():  # one, unless the project's code changed meanwhile
                 (sft_dir / "config.json").write_text("{}")  # a cached checkpoint edited behind the pipeline's back
         before = aliases(store)
-        proc, summary_path = run_pipeline(store, name, *extra)
+        proc, summary_path = run_pipeline(store, name, *extra, api=prefect_api)  # the module's one server
         done[name] = Rerun(proc, summary_path, before, aliases(store))
     return done
 
@@ -175,6 +176,23 @@ def test_cold_run_trains_evaluates_and_registers(micro_run: MicroRun):
     assert "register-r1" in artifacts[0][1] and MODEL_NAME in artifacts[0][1]
 
 
+def test_the_console_has_no_deprecation_warnings_and_no_raw_log_dicts(micro_run: MicroRun):
+    console = micro_run.output
+    assert "FutureWarning" not in console
+    assert "gradient_checkpointing" not in console
+    assert "pin_memory" not in console  # torch's UserWarning for pinned memory without an accelerator
+    assert "{'loss'" not in console and "{'train_runtime'" not in console
+
+
+def test_each_training_stage_shows_one_progress_line_with_its_numbers(micro_run: MicroRun):
+    # the bar (its last state), then the log line with the same numbers
+    console = micro_run.output
+    assert re.search(r"grpo-round1: 100%.*2/2.*loss=[-\d.e]+, reward=[-\d.e]+, probe acc=[\d.e]+", console)
+    assert re.search(r"sft: 100%.*6/6", console)
+    assert re.search(r"sft finished: 6 steps, train loss \d+\.\d{4}", console)
+    assert re.search(r"grpo-round1 finished: 2 steps, train loss [-\d.]+ \(last logged: loss=", console)
+
+
 def test_unchanged_rerun_is_fully_cached(reruns):
     warm = reruns["warm"]
     summary = warm.summary
@@ -213,7 +231,7 @@ def test_a_cached_result_whose_files_changed_on_disk_is_rebuilt(reruns, micro_ru
     assert json.loads((sft_dir / "config.json").read_text())["model_type"] == "llama"  # rebuilt in place
 
 
-def test_invalid_data_stops_before_training(tmp_path):
+def test_invalid_data_stops_before_training(tmp_path, prefect_api):
     rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(20)]
     rows[5]["prompt"] = rows[4]["prompt"]  # duplicate
     rows[9]["answer"] = None  # missing answer
@@ -228,7 +246,7 @@ def test_invalid_data_stops_before_training(tmp_path):
         f"data.path={path}",
         "data.num_eval=4",
     ]
-    proc = run_cli(args, cli_env(tmp_path))
+    proc = run_cli(args, cli_env(tmp_path, PREFECT_API_URL=prefect_api))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
     assert "data validation failed" in out
@@ -270,7 +288,7 @@ def test_iterative_rounds_start_from_the_last_policy(reruns, micro_run: MicroRun
         assert row["change_ci"][0] <= row["change"] <= row["change_ci"][1] and row["n"] == 24
 
 
-def test_flow_runs_from_python_without_the_cli(tmp_path):
+def test_flow_runs_from_python_without_the_cli(tmp_path, prefect_api):
     """The flow applies the process defaults itself (as a Prefect worker would need): plain Python is enough."""
     script = textwrap.dedent(f"""
         from grpo_pipeline.configs.schema import load_config
@@ -280,7 +298,7 @@ def test_flow_runs_from_python_without_the_cli(tmp_path):
         summary = grpo_pipeline(config=cfg)
         print("REGISTERED", summary.registrations[0].version)
     """)
-    env = cli_env(tmp_path)
+    env = cli_env(tmp_path, PREFECT_API_URL=prefect_api)
     proc = subprocess.run(
         [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
     )

@@ -230,7 +230,7 @@ def stage_meta_missing(run_dir: Path, folder: str) -> bool:
 
 
 @pytest.mark.integration
-def test_a_failed_grpo_task_is_retried_by_prefect_and_resumes(tmp_path):
+def test_a_failed_grpo_task_is_retried_by_prefect_and_resumes(tmp_path, prefect_api):
     (tmp_path / "flaky_reward.py").write_text(FLAKY_REWARD)
     extra = [
         f"code_dir={tmp_path}",
@@ -240,7 +240,11 @@ def test_a_failed_grpo_task_is_retried_by_prefect_and_resumes(tmp_path):
         "registry.model_name=resume-retry",
     ]
     proc = subprocess.run(
-        cli(tmp_path, "retried", *extra), cwd=ROOT, env=cli_env(tmp_path), capture_output=True, text=True
+        cli(tmp_path, "retried", *extra),
+        cwd=ROOT,
+        env=cli_env(tmp_path, PREFECT_API_URL=prefect_api),
+        capture_output=True,
+        text=True,
     )
     summary = finished(tmp_path, "retried", proc)
     assert (tmp_path / "failed-once").exists()  # the fault did happen

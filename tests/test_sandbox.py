@@ -35,9 +35,11 @@ from grpo_pipeline.rewards.sandbox import (
     SandboxConfig,
     SandboxUnavailable,
     bwrap_status,
+    pool,
     unprivileged_uid_status,
 )
 from grpo_pipeline.rewards.sandbox import config as sandbox_config
+from grpo_pipeline.rewards.sandbox.supervise import StartError
 
 TIMEOUT_S = 2.0
 PROMPT = 'def f(x):\n    """Return twice x."""\n'
@@ -395,6 +397,34 @@ def test_sandbox_that_cannot_start_scores_none(monkeypatch: pytest.MonkeyPatch) 
     result = broken.run([job])[0]
     assert result.score() is None and result.status == "infra_error"
     assert result.detail == "sandbox did not start"
+    assert broken.start_failures == pool.START_ATTEMPTS  # started again before giving up, and counted
+
+
+@pytest.mark.integration
+def test_a_start_that_fails_once_is_retried_and_counted(monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    """A sandbox that fails to start (an infrastructure failure) is started again: the program runs and is scored
+    as usual, and the failure is counted and logged."""
+    real, calls = pool.start_worker, []
+
+    def flaky(*args: Any) -> Any:
+        calls.append(args)
+        if len(calls) == 1:
+            raise StartError("bwrap: setting up uid map: Resource temporarily unavailable")
+        return real(*args)
+
+    monkeypatch.setattr(pool, "start_worker", flaky)
+    sandbox = make_sandbox(timeout_s=TIMEOUT_S, workers=1)
+    try:
+        job = humaneval_job(PROMPT, "    return 2 * x\n", TEST, "f")
+        wrong = humaneval_job(PROMPT, "    return 3 * x\n", TEST, "f")
+        with caplog.at_level("WARNING"):
+            results = sandbox.run([job, wrong])
+    finally:
+        sandbox.close()
+    assert [r.score() for r in results] == [1.0, 0.0]  # the honest program passes, its wrong twin fails
+    assert sandbox.start_failures == 1 and len(calls) == 2
+    assert "sandbox worker 0 did not start (bwrap: setting up uid map" in caplog.text
+    assert "attempt 2 of 3" in caplog.text
 
 
 @pytest.mark.parametrize(

@@ -141,7 +141,7 @@ def hostile_code_tests(prompts, completions, **columns):
 
 
 @pytest.mark.integration
-def test_micro_code_recipe_through_the_cli_scores_hostile_completions_zero(tmp_path, code_sandbox: None):
+def test_micro_code_recipe_through_the_cli_scores_hostile_completions_zero(tmp_path, code_sandbox: None, prefect_api):
     """A micro tiny-code run through the CLI: GRPO calls the sandbox from TRL's loop (the code_tests reward, and a
     wrapper of it that slips hostile bodies into every batch), rewards and the sandbox's time reach MLflow, every
     hostile completion scores 0, nothing is written outside the sandbox, and the run finishes and registers."""
@@ -153,7 +153,13 @@ def test_micro_code_recipe_through_the_cli_scores_hostile_completions_zero(tmp_p
 
     (tmp_path / "hostile_probe.py").write_text(HOSTILE_MODULE)
     canary, log = tmp_path / "canary.txt", tmp_path / "hostile.jsonl"
-    env = cli_env(tmp_path, PYTHONPATH=str(tmp_path), HOSTILE_LOG=str(log), HOSTILE_CANARY=str(canary))
+    env = cli_env(
+        tmp_path,
+        PYTHONPATH=str(tmp_path),
+        HOSTILE_LOG=str(log),
+        HOSTILE_CANARY=str(canary),
+        PREFECT_API_URL=prefect_api,
+    )
     summary_path = tmp_path / "summary.json"
     args = [
         "run",

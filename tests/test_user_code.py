@@ -42,7 +42,7 @@ def test_rewards_py_in_the_working_directory_scores(tmp_path: Path) -> None:
     assert [json.loads(line)["my_reward"] for line in scored.read_text().splitlines()] == [1.0, 0.0, 1.0]
 
 
-def test_reward_module_beside_the_recipe_trains_and_its_edits_rerun_grpo(tmp_path: Path) -> None:
+def test_reward_module_beside_the_recipe_trains_and_its_edits_rerun_grpo(tmp_path: Path, prefect_api: str) -> None:
     recipe_dir, work = tmp_path / "recipe", tmp_path / "elsewhere"
     recipe_dir.mkdir()
     work.mkdir()
@@ -50,7 +50,7 @@ def test_reward_module_beside_the_recipe_trains_and_its_edits_rerun_grpo(tmp_pat
     recipe["grpo"]["rewards"] = [{"name": "rewards:my_reward"}, {"name": "format", "weight": 0.2}]
     (recipe_dir / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     (recipe_dir / "rewards.py").write_text(USER_REWARD)
-    env = cli_env(tmp_path)
+    env = cli_env(tmp_path, PREFECT_API_URL=prefect_api)
 
     def run(name: str) -> dict[str, bool]:
         summary = tmp_path / f"{name}.json"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import logging
 import queue
+import threading
 import time
 import weakref
 from collections.abc import Sequence
@@ -16,6 +17,10 @@ from grpo_pipeline.rewards.sandbox.config import CodeJob, Mode, RunResult, Sandb
 from grpo_pipeline.rewards.sandbox.supervise import StartError, Worker, run_program, start_worker, stop, stop_all
 
 logger = logging.getLogger(__name__)
+
+# A worker's sandbox that did not start is started again this many times in all (an infrastructure failure, e.g. a
+# namespace or uid briefly unavailable under load, never the program's fault) before its program scores None.
+START_ATTEMPTS = 3
 
 
 class Sandbox:
@@ -36,6 +41,8 @@ class Sandbox:
             self._slots.put(slot)
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="sandbox")
         self._workers: list[Worker | None] = [None] * self.workers  # started on first use, restarted when broken
+        self._lock = threading.Lock()
+        self.start_failures = 0  # sandbox starts that failed (each retried up to START_ATTEMPTS in all)
         weakref.finalize(self, stop_all, self._workers)
 
     @property
@@ -75,15 +82,15 @@ class Sandbox:
 
     def run_one(self, job: CodeJob, slot: int = 0) -> RunResult:
         """Run one job on slot `slot`'s worker (one caller per slot at a time; `run` hands out the slots)."""
-        c, start = self.config, time.monotonic()
+        start = time.monotonic()
         worker = self._workers[slot]
         if worker is None or worker.proc.poll() is not None:
             stop(worker)
             try:
-                worker = self._workers[slot] = start_worker(c, self.mode, self.python, self.python_prefix, slot)
+                worker = self._workers[slot] = self._start(slot)
             except StartError as e:
                 self._workers[slot] = None
-                logger.error("sandbox did not start: %s", e)
+                logger.error("sandbox did not start after %d attempts: %s", START_ATTEMPTS, e)
                 return RunResult(
                     status="infra_error",
                     detail="sandbox did not start",
@@ -99,6 +106,22 @@ class Sandbox:
                 logger.warning("sandbox worker %d could not clean up after a program; restarting it", slot)
             self._workers[slot] = stop(worker)
         return result
+
+    def _start(self, slot: int) -> Worker:
+        """Slot `slot`'s worker, started again (after a short pause) when its start fails; every failure is counted
+        in `start_failures` and logged. Raises the last StartError after START_ATTEMPTS failures."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                return start_worker(self.config, self.mode, self.python, self.python_prefix, slot)
+            except StartError as e:
+                with self._lock:
+                    self.start_failures += 1
+                if attempt == START_ATTEMPTS:
+                    raise
+                logger.warning("sandbox worker %d did not start (%s); starting it again (attempt %d of %d)",
+                               slot, str(e).strip()[-200:], attempt + 1, START_ATTEMPTS)  # fmt: skip
+                time.sleep(0.1 * attempt)
+        raise AssertionError("unreachable")
 
 
 @functools.cache
