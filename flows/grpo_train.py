@@ -80,6 +80,7 @@ def remote_grpo_train(
         parameters={k: v.model_dump(mode="json") if hasattr(v, "model_dump") else v for k, v in params.items()},
         flow_run_name=round_name(round_index),
         timeout=None,  # wait for the round, however long it trains
+        poll_interval=2,  # one small API call each time; the round's end is seen within 2 s (Prefect's default: 5)
     )
     if not child.state or not child.state.is_completed():
         message = child.state.message if child.state else "no state"

@@ -534,23 +534,13 @@ def test_kl_to_the_reference_with_beta_and_a_high_learning_rate(tiny):
 
 
 @pytest.mark.integration
-def test_a_tiny_epsilon_clips_the_second_pass_over_a_batch(tiny, monkeypatch):
-    """On-policy updates never clip (the ratio is exactly 1); a second pass over the same batch (TRL's
-    num_iterations, GRPO's mu) with epsilon 0.001 clips most tokens whose advantage is not zero."""
-    from grpo_pipeline.tasks import grpo
-
-    single_pass = grpo.trl_grpo_args
-
-    def two_passes(*args, **kwargs):
-        trl_args = single_pass(*args, **kwargs)
-        trl_args.num_iterations = 2
-        return trl_args
-
-    monkeypatch.setattr(grpo, "trl_grpo_args", two_passes)
+def test_a_tiny_epsilon_clips_the_second_pass_over_a_batch(tiny):
+    """On-policy updates never clip (the ratio is exactly 1); a second pass over the same batch
+    (grpo.num_iterations, GRPO's mu) with epsilon 0.001 clips most tokens whose advantage is not zero."""
     policy = train_round(
         tiny,
         tiny.base,
-        ["grpo.steps_per_round=4", "grpo.learning_rate=0.01", "grpo.epsilon=0.001",
+        ["grpo.steps_per_round=4", "grpo.learning_rate=0.01", "grpo.epsilon=0.001", "grpo.num_iterations=2",
          "grpo.rewards=[{name: 'health_rewards:shorter'}]"],
         quiet(window_steps=2, clip_ratio_max=0.2),
     )  # fmt: skip

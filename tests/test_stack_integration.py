@@ -29,7 +29,8 @@ MODEL = "stack-micro"
 def stack(tmp_path_factory) -> Stack:
     tmp = tmp_path_factory.mktemp("stack")
     state = tmp / "state"
-    env = cli_env(tmp)
+    # workers poll every second (the stack's default is 5 s), so a deployment run or its GRPO child waits less
+    env = cli_env(tmp, PREFECT_WORKER_QUERY_SECONDS="1")
     serve = [
         str(BIN / "grpo-pipeline"),
         "serve",
@@ -77,7 +78,7 @@ def flow_runs(stack: Stack, flow_name: str) -> list[dict]:
 def run_deployment(stack: Stack, name: str, overrides: list[str]) -> dict:
     """Run a deployment through its worker with `prefect deployment run --watch`; returns the flow run."""
     params = json.dumps({"overrides": overrides})
-    proc = prefect_cli(stack, "deployment", "run", name, "--params", params, "--watch")
+    proc = prefect_cli(stack, "deployment", "run", name, "--params", params, "--watch", "--watch-interval", "1")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     flow_run_id = next(line.split()[-1] for line in proc.stdout.splitlines() if "UUID:" in line)
     return api(stack, "GET", f"/flow_runs/{flow_run_id}")
@@ -218,7 +219,9 @@ def test_a_failed_grpo_child_fails_the_pipeline_with_its_error(stack: Stack, tmp
     recipe.write_text((ROOT / "configs/tiny-arith.yaml").read_text())
     overrides = micro(stack, "grpo.work_pool=gpu", "grpo.rewards=[{name: 'exploding:explode'}]", "seed=11")
     params = json.dumps({"recipe": str(recipe), "overrides": overrides})
-    proc = prefect_cli(stack, "deployment", "run", "grpo-pipeline/local", "--params", params, "--watch")
+    proc = prefect_cli(
+        stack, "deployment", "run", "grpo-pipeline/local", "--params", params, "--watch", "--watch-interval", "1"
+    )
     parent_id = next(line.split()[-1] for line in proc.stdout.splitlines() if "UUID:" in line)
     parent = api(stack, "GET", f"/flow_runs/{parent_id}")
     assert parent["state_type"] == "FAILED", parent["state"]
