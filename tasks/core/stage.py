@@ -94,9 +94,19 @@ def _modules_under(package: str, root: Path) -> dict[str, Path]:
 
 def _imported(module: str, file: Path, known: Mapping[str, Path]) -> set[str]:
     """The package's modules that `module` imports (absolute or relative, including `from pkg import submodule`)."""
-    is_package = file.stem == "__init__"
     found: set[str] = set()
-    for node in ast.walk(ast.parse(file.read_text(), str(file))):
+    for name in _import_names(file.read_text(), str(file), module, file.stem == "__init__"):
+        # `import grpo_pipeline.tasks.sft` also runs the packages above it
+        parts = name.split(".")
+        found |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & known.keys()
+    return found
+
+
+@functools.cache  # by source text: every stage key of a run reads the same modules (an edit is new text)
+def _import_names(source: str, filename: str, module: str, is_package: bool) -> tuple[str, ...]:
+    """The dotted names a module's source imports, relative imports resolved."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source, filename)):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -108,11 +118,8 @@ def _imported(module: str, file: Path, known: Mapping[str, Path]) -> set[str]:
             names = [base, *(f"{base}.{a.name}" for a in node.names)]
         else:
             continue
-        for name in names:
-            # `import grpo_pipeline.tasks.sft` also runs the packages above it
-            parts = name.split(".")
-            found |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & known.keys()
-    return found
+        found += names
+    return tuple(found)
 
 
 def module_closure(module: str) -> set[str]:
@@ -146,7 +153,12 @@ PROSE_KEYWORDS = frozenset({"description", "help", "rich_help_panel"})
 def code_text(file: Path) -> str:
     """The module's code without its prose: the dump of its AST (which holds no comments) with docstrings and
     the string values of `PROSE_KEYWORDS` arguments removed, so a documentation edit reruns no stage."""
-    return ast.dump(_Unprosed().visit(ast.parse(file.read_text(), str(file))))
+    return _code_text(file.read_text(), str(file))
+
+
+@functools.cache  # by source text, as `_import_names`: parsing is most of a cold run's key time
+def _code_text(source: str, filename: str) -> str:
+    return ast.dump(_Unprosed().visit(ast.parse(source, filename)))
 
 
 class _Unprosed(ast.NodeTransformer):
