@@ -48,6 +48,16 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
         default="float32", description="Weights dtype for training; bfloat16 on GPUs."
     )
+    train_precision: Literal["mixed", "pure"] = Field(
+        default="mixed",
+        description="'mixed': full fine-tuning keeps the weights and the optimizer state in float32 (master "
+        "weights) and computes in `dtype` (bf16/fp16 autocast) where CUDA is present, as transformers' AMP does: a "
+        "bfloat16 weight of ~0.02 cannot hold an update below ~1e-4, so pure bf16 training at lr 5e-6 leaves most "
+        "weights unchanged. Policies are saved as trained (float32), so the next round starts from the same weights. "
+        "LoRA adapters are float32 either way, over a frozen base in `dtype`. 'pure': weights and optimizer state in "
+        "`dtype` (half the memory), for setups that keep float32 master weights themselves (DeepSpeed bf16, FSDP "
+        "mixed precision).",
+    )
     lora: LoraAdapterConfig | None = Field(
         default=None,
         description="Train LoRA adapters (peft) instead of every weight; each stage saves the policy with its "

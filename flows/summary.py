@@ -119,6 +119,8 @@ class Summary(BaseModel):
     notes: list[list[str]] = []
     # Said before GRPO when the SFT policy is far below its own training data (tasks/sft_check.py).
     sft_warning: str | None = None
+    # How the GRPO rounds trained: weights', optimizer state's and autocast's dtypes (model.train_precision).
+    precision: str = ""
 
     @classmethod
     def build(
@@ -151,6 +153,7 @@ class Summary(BaseModel):
             health=[list(r.policy.alarms) for r in rounds],
             notes=[list(r.policy.notes) for r in rounds],
             sft_warning=sft_warning,
+            precision="; ".join(dict.fromkeys(r.policy.precision for r in rounds if r.policy.precision)),
         )
 
     @property
@@ -191,6 +194,8 @@ class Summary(BaseModel):
         ]
         lines += [f"| {s.stage} | {s.seconds:.1f} | {'yes' if s.cached else 'no'} | {s.note} |" for s in self.stages]
         lines.append(f"| **total** | {self.total_seconds:.1f} | | |")
+        if self.precision:
+            lines += ["", f"Training precision: {self.precision}."]
         if self.sft_warning:
             lines += ["", f"**Warning**: {self.sft_warning}."]
         settings = ", ".join(f"{k}={v}" for k, v in self.eval_settings.items())

@@ -132,6 +132,9 @@ def test_cold_run_trains_evaluates_and_registers(micro_run: MicroRun):
     assert (tags["parent_model"], tags["round"], tags["gate.decision"]) == ("tiny", "1", "first")
     assert (tags["grpo.loss_type"], tags["grpo.epsilon"], tags["grpo.delta"]) == ("dapo", "0.2", "None")  # objective
     assert "## Objective (TRL's GRPOConfig)\nloss_type=dapo, importance_sampling_level=token" in version.description
+    # the dtypes training used, read from the trainer (no CUDA here: no autocast)
+    assert summary["precision"] == "float32 weights and optimizer state, no autocast"
+    assert "Trained with float32 weights and optimizer state, no autocast." in version.description
     # six SFT steps learn nothing: the run said so before GRPO, and the summary, the version and its card carry it
     assert summary["sft_warning"].startswith("SFT has not learned its data: the SFT policy's greedy held-out")
     assert tags["sft_warning"] == summary["sft_warning"]

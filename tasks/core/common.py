@@ -108,6 +108,9 @@ class Checkpoint(Ref):
     alarms: tuple[str, ...] = ()
     # What a GRPO round says that is no alarm: saturation, which step it kept and why; one line each.
     notes: tuple[str, ...] = ()
+    # How a trained policy was trained: its weights', optimizer state's and autocast's dtypes, e.g. "float32 weights
+    # and optimizer state, bf16 autocast" (tasks/training/trainer.py); empty for a base model.
+    precision: str = ""
 
     @property
     def on_hub(self) -> bool:

@@ -55,6 +55,7 @@ def model_card(
         f"- eval set fingerprint `{result.eval_fingerprint[:12]}`, {result.num_problems} items",
         "",
         *objective_lines(tags),
+        *([f"Trained with {policy.precision}.", ""] if policy.precision else []),
         f"## Evaluation (n={result.n_samples}, temperature {result.temperature}, top_p {result.top_p}, "
         f"max new tokens {result.max_new_tokens}, seed {result.seed}; correct means "
         f"`{result.config.correctness_reward}` gives 1.0, reward code `{result.scorer_version or '?'}`)",

@@ -50,11 +50,35 @@ def vllm_available() -> bool:
 
 
 def precision_args(model_cfg: ModelConfig) -> dict[str, Any]:
-    """TrainingArguments for the configured dtype; bf16/fp16 only where CUDA is present."""
+    """TrainingArguments for the configured dtype: bf16/fp16 autocast only where CUDA is present, the weights loaded
+    in `weights_dtype`."""
     return {
         "bf16": model_cfg.dtype == "bfloat16" and has_cuda(),
         "fp16": model_cfg.dtype == "float16" and has_cuda(),
-        "model_init_kwargs": {"dtype": torch_dtype(model_cfg)},
+        "model_init_kwargs": {"dtype": weights_dtype(model_cfg)},
+    }
+
+
+def weights_dtype(model_cfg: ModelConfig) -> Any:
+    """The dtype training loads the weights in: float32 master weights for full fine-tuning in mixed precision
+    (model.train_precision), else `model.dtype` (a LoRA base is frozen; peft keeps the adapters in float32)."""
+    import torch
+
+    if model_cfg.train_precision == "mixed" and model_cfg.lora is None:
+        return torch.float32
+    return torch_dtype(model_cfg)
+
+
+def precision_of(trainer: Trainer) -> dict[str, str]:
+    """The dtypes training actually used, read from the trainer: trainable weights, optimizer state (Adam's first
+    moment) and autocast."""
+    weights = next(p.dtype for p in trainer.model.parameters() if p.requires_grad)
+    moments = [s["exp_avg"].dtype for s in trainer.optimizer.state.values() if "exp_avg" in s]
+    autocast = "bf16" if trainer.args.bf16 else "fp16" if trainer.args.fp16 else "none"
+    return {
+        "weights": str(weights).removeprefix("torch."),
+        "optimizer_state": str(moments[0]).removeprefix("torch.") if moments else "none",
+        "autocast": autocast,
     }
 
 
@@ -88,7 +112,10 @@ def adapter_args(model_cfg: ModelConfig) -> dict[str, Any]:
             load_in_4bit=True,
             bnb_4bit_quant_type="nf4",
             bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=torch.bfloat16,
+            # the dtype the 4-bit weights are computed in: model.dtype (float16 on GPUs without bf16, e.g. T4, V100)
+            bnb_4bit_compute_dtype={"float16": torch.float16, "float32": torch.float32}.get(
+                model_cfg.dtype, torch.bfloat16
+            ),
         )
     return args
 
@@ -205,6 +232,7 @@ def train_policy(
         with console_progress(trainer, stage):  # logs "<stage> finished: ..." with the stage's key numbers
             result = trainer.train(resume_from_checkpoint=str(last) if last is not None else None)
         done = {"stage": stage, "steps": result.global_step, "train_loss": result.training_loss}
+        done["precision"] = precision = precision_of(trainer)
         done |= {"resumed_from_step": resumed_from, "processes": trainer.accelerator.num_processes}
         save_policy(trainer, tokenizer, start, model_cfg, out, {**done, **(meta or {})})
     if main:
@@ -216,7 +244,17 @@ def train_policy(
         parent=start.lineage,
         stage=stage,
         resumed_from_step=resumed_from,
+        precision=precision_line(precision),
     )
+
+
+def precision_line(precision: dict[str, str]) -> str:
+    """E.g. 'float32 weights and optimizer state, bf16 autocast'."""
+    weights, state, autocast = precision["weights"], precision["optimizer_state"], precision["autocast"]
+    held = (
+        f"{weights} weights and optimizer state" if weights == state else f"{weights} weights, {state} optimizer state"
+    )
+    return f"{held}, {'no' if autocast == 'none' else autocast} autocast"
 
 
 def save_policy(
