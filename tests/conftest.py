@@ -45,6 +45,8 @@ SLOWEST_FIRST = {
     "test_user_code.py": 65,
     "test_gate_evidence.py": 50,
     "test_tiny_code.py": 48,
+    "test_algorithms.py": 45,
+    "test_precision.py": 25,
 }
 
 
