@@ -84,3 +84,34 @@ def test_a_length_reward_scores_a_completion_the_same_in_training_and_evaluation
     in_chars = build_reward(OVERLONG.name, {**OVERLONG.params, "unit": "chars"})
     texts = [text for text, _ in trained.values()]
     assert in_chars(prompts=list(trained), completions=texts) != [score for _, score in trained.values()]
+
+
+def test_prompts_are_tokenized_as_training_tokenizes_them(tmp_path):
+    """A Llama-type tokenizer adds a BOS to a plain prompt, as TRL's GRPOTrainer tokenizes it (the tokenizer's
+    special tokens); a rendered chat prompt is tokenized as its template wrote it, so the BOS is not doubled."""
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo_pipeline.tasks.scoring.generation import generate_with_ids
+
+    path = word_model(tmp_path / "model")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", tokenizer.bos_token_id)]
+    )
+    tokenizer.chat_template = "<s>{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    model = AutoModelForCausalLM.from_pretrained(path)
+    seen: list[list[int]] = []
+    real = model.generate
+
+    def recording(**kwargs):
+        seen.extend(kwargs["input_ids"].tolist())
+        return real(**kwargs)
+
+    model.generate = recording
+    generate_with_ids(model, tokenizer, ["ab cde"], max_new_tokens=2, batch_size=4)
+    chat = '[{"role": "user", "content": "ab cde"}]'
+    generate_with_ids(model, tokenizer, [chat], max_new_tokens=2, batch_size=4)
+    bos, ab, cde = tokenizer.bos_token_id, tokenizer.convert_tokens_to_ids("ab"), tokenizer.convert_tokens_to_ids("cde")
+    assert seen[0] == [bos, ab, cde]  # the plain prompt: the BOS the tokenizer adds, as in training
+    assert seen[1][:3] == [bos, ab, cde] and seen[1].count(bos) == 1  # the chat prompt: the template's BOS, once

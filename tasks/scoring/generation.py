@@ -9,7 +9,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from grpo_pipeline.tasks.scoring.chat import render_prompt
+from grpo_pipeline.tasks.scoring.chat import decode_messages, render_prompt
 
 
 def stop_token_ids(model, tokenizer) -> list[int]:
@@ -43,7 +43,10 @@ def generate_with_ids(
 ) -> tuple[list[list[str]], list[list[list[int]]]]:
     """`n` completions for each prompt and their token ids (`completion_ids`): greedy without a `temperature`,
     sampled with one (also for n = 1: pass@1 from one sample is what the recorded temperature says). Batched over
-    prompts (left padding); a chat prompt is rendered with the tokenizer's chat template first (`render_prompt`)."""
+    prompts (left padding); a chat prompt is rendered with the tokenizer's chat template first (`render_prompt`).
+
+    Prompts are tokenized as TRL's GRPOTrainer tokenizes them: a plain prompt with the tokenizer's special tokens (the
+    BOS a Llama-type tokenizer adds), a chat prompt as its template renders it (a template writes its own BOS)."""
     import torch
 
     sample = temperature is not None
@@ -55,8 +58,10 @@ def generate_with_ids(
     texts: list[list[str]] = []
     ids: list[list[list[int]]] = []
     for start in tqdm(starts, desc=desc, unit="batch", leave=False, disable=len(starts) <= 1):
-        batch = [render_prompt(tokenizer, p) for p in prompts[start : start + per_batch]]
-        enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+        chunk = prompts[start : start + per_batch]
+        plain = all(decode_messages(p) is None for p in chunk)
+        batch = [render_prompt(tokenizer, p) for p in chunk]
+        enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=plain).to(model.device)
         with torch.no_grad():
             gen = model.generate(
                 **enc,
