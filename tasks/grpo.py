@@ -162,8 +162,7 @@ def grpo_train(
     if monitors.enabled:
         reward_fns = health.wrap_rewards(reward_fns)  # records each step's rewards for the zero-spread reading
     dataset = load_split(train.require())
-    if "completion" in dataset.column_names:  # the SFT target; TRL would pass it to rewards as a column
-        dataset = dataset.remove_columns("completion")
+    dataset = dataset.remove_columns([c for c in dataset.column_names if c == "completion"])  # SFT's target
     watch = health if monitors.enabled else None
     objective: dict[str, Any] = {}  # what TRL's trainer runs with, read back from it: the round's meta records it
 
@@ -181,17 +180,10 @@ def grpo_train(
         return trainer
 
     policy = train_policy(
-        start,
-        ctx,
-        model_cfg,
-        stage=stage_name,
-        seed=ctx.seed + round_index,
-        out=out,
+        start, ctx, model_cfg, stage=stage_name, seed=ctx.seed + round_index, out=out,
         tags={"stage": "grpo", "round": str(round_index), "data_fingerprint": train.fingerprint},
-        build=build,
-        save_every_steps=cfg.save_every_steps,
-        keep_checkpoints=cfg.keep_checkpoints,
+        build=build, save_every_steps=cfg.save_every_steps, keep_checkpoints=cfg.keep_checkpoints,
         # filled in during training, saved after it
         meta={"round": round_index, "alarms": health.alarms, "notes": health.notes, "objective": objective},
-    )
+    )  # fmt: skip
     return policy.model_copy(update={"alarms": tuple(health.alarms), "notes": tuple(health.notes)})
