@@ -169,7 +169,7 @@ def test_sft_ends_at_the_first_probe_that_reaches_its_bar(taught):
     assert probe_accuracy(policy, taught.probe) == pytest.approx(history[ended])
 
 
-def test_the_sft_bar_needs_a_probe_split(taught):
+def test_the_sft_bar_needs_a_probe_split():
     from grpo_pipeline.tasks.sft import bar_probe
 
     cfg = load_config(None, ["sft.stop_at_accuracy=0.5"])
