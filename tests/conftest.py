@@ -21,6 +21,13 @@ from grpo_pipeline.runtime import setup
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
+# Under pytest-xdist each worker runs torch's kernels on one thread, and so do the CLI runs it starts (they inherit
+# the environment): the tiny test models gain nothing from a second thread, and two workers with two threads each on
+# two cores lose time to each other. Set before any test module imports torch.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    for threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(threads, "1")
+
 # The process defaults every way in applies, before anything imports prefect; Prefect's state goes to a temporary
 # directory, never the project's .prefect (tests that run the CLI give each subprocess its own).
 if "PREFECT_HOME" not in os.environ:
