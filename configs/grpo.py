@@ -167,6 +167,12 @@ class GRPOStageConfig(PolicyLossConfig):
         description="The policy a round returns: 'last', its last step; 'best_probe', the step whose held-out probe "
         "accuracy is the round's best (ties go to the later step), which needs the probe (probe_problems > 0).",
     )
+    keep_over_start: bool = Field(
+        default=False,
+        description="With keep: best_probe, a round returns its start policy unchanged unless its best-probed step "
+        "beats the start on the probe beyond the noise (the paired bootstrap 95% CI of the difference over the probe "
+        "rows is above zero): a round can then not end below where it began by chasing probe noise.",
+    )
     probe_patience: int = Field(
         default=0,
         ge=0,
@@ -206,6 +212,10 @@ class GRPOStageConfig(PolicyLossConfig):
             )
         if self.probe_patience and self.keep != "best_probe":
             raise ValueError("grpo.probe_patience ends a round by the probe, which only grpo.keep=best_probe uses")
+        if self.keep_over_start and self.keep != "best_probe":
+            raise ValueError(
+                "grpo.keep_over_start compares the best-probed step with the start: set grpo.keep=best_probe"
+            )
         return self
 
     @model_validator(mode="after")

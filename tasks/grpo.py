@@ -100,7 +100,8 @@ def round_callbacks(
     callbacks: list[TrainerCallback] = []
     rows = pd.read_parquet(held_out.require()).head(cfg.probe_problems) if held_out is not None else None
     if rows is not None and len(rows) and cfg.probe_problems:
-        keep = {"keep_best": cfg.keep == "best_probe", "patience": cfg.probe_patience, "notes": notes}
+        keep = {"keep_best": cfg.keep == "best_probe", "patience": cfg.probe_patience, "notes": notes,
+                "over_start": cfg.keep_over_start}  # fmt: skip
         probe = HeldOutAccuracyProbe(
             rows, tokenizer, cfg.probe_every_steps, cfg.max_completion_tokens, correctness_reward, **keep
         )

@@ -15,6 +15,7 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 import pytest
+import torch
 
 from grpo_pipeline.configs.schema import ConfigError, load_config
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
@@ -142,6 +143,41 @@ def test_patience_ends_the_round_once_the_probe_stops_improving(taught):
     assert kept.startswith(f"kept step {max(s for s, a in history.items() if a == max(history.values()))} of {last}")
 
 
+@pytest.mark.integration
+def test_keep_over_start_returns_the_start_when_the_best_step_is_not_clearly_better(taught):
+    """At a learning rate too small to change a greedy answer every probe ties with the start, so best_probe keeps
+    the last step (ties go to the later one), whose weights have moved; with keep_over_start the round returns its
+    start, the SFT policy's weights exactly, since the last step is not better beyond the noise."""
+    from safetensors.torch import load_file
+
+    def weights(policy: Checkpoint) -> dict[str, torch.Tensor]:
+        return load_file(str(Path(policy.path) / "model.safetensors"))
+
+    start = weights(taught.sft)
+    tiny_steps = ("grpo.keep=best_probe", "grpo.learning_rate=1e-6")
+    last = train_round(taught, *tiny_steps)
+    assert len(set(probe_history(last).values())) == 1  # every probe ties
+    assert last.notes[0].startswith("kept step 8 of 8") and any(
+        not torch.equal(start[k], v) for k, v in weights(last).items()
+    )
+    kept = train_round(taught, *tiny_steps, "grpo.keep_over_start=true")
+    [note] = kept.notes
+    assert note.startswith("kept the start (step 0) of 8 (grpo.keep_over_start): the best step 8's probe gain +0.000")
+    assert all(torch.equal(start[k], v) for k, v in weights(kept).items())  # the start, unchanged
+
+
+def test_a_step_replaces_the_start_only_when_clearly_better():
+    from grpo_pipeline.tasks.training.probe import beats_start
+
+    start = [0.0] * 40 + [1.0] * 10
+    assert beats_start(start, [1.0] * 50)[0]  # 10 -> 50 of 50 right: clearly better
+    better, (gain, low, high) = beats_start(start, [1.0] + [0.0] * 39 + [1.0] * 10)  # one more right: noise
+    assert not better and gain == pytest.approx(1 / 50) and low <= 0 < high
+    assert not beats_start(start, start)[0]  # no change is not an improvement
+    assert not beats_start(start, [1.0] * 9 + [0.0] * 41)[0]
+    assert not beats_start([None, 1.0], [1.0, None])[0]  # too few rows scored on both sides to say
+
+
 def test_best_probe_needs_a_probe():
     with pytest.raises(ConfigError, match=r"grpo.keep is 'best_probe' but grpo.probe_problems is 0"):
         load_config(None, ["grpo.keep=best_probe", "grpo.probe_problems=0"])
@@ -149,6 +185,8 @@ def test_best_probe_needs_a_probe():
         load_config(None, ["grpo.keep=best_probe", "data.num_probe=0"])
     with pytest.raises(ConfigError, match=r"probe_patience ends a round by the probe"):
         load_config(None, ["grpo.probe_patience=3"])
+    with pytest.raises(ConfigError, match=r"keep_over_start compares the best-probed step with the start"):
+        load_config(None, ["grpo.keep_over_start=true", "grpo.keep=last"])
 
 
 @pytest.mark.integration

@@ -21,10 +21,18 @@ from grpo_pipeline.tasks.core.common import logger
 from grpo_pipeline.tasks.scoring.curves import PROBE_METRIC
 from grpo_pipeline.tasks.scoring.generation import generate
 from grpo_pipeline.tasks.scoring.items import judge
+from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci
 
 
 def greedy_accuracy(model, tokenizer, rows: pd.DataFrame, reward, max_new_tokens: int) -> float:
     """Fraction of `rows` whose greedy completion gets `reward` >= 1.0 (one batched generate call)."""
+    scored = [c for c in greedy_correct(model, tokenizer, rows, reward, max_new_tokens) if c is not None]
+    return sum(scored) / len(scored) if scored else float("nan")
+
+
+def greedy_correct(model, tokenizer, rows: pd.DataFrame, reward, max_new_tokens: int) -> list[float | None]:
+    """Per row: 1.0 when its greedy completion gets `reward` >= 1.0, else 0.0; None when the reward could not
+    score it (left out of the accuracy)."""
     was_training, side = model.training, tokenizer.padding_side
     model.eval()
     tokenizer.padding_side = "left"
@@ -34,8 +42,17 @@ def greedy_accuracy(model, tokenizer, rows: pd.DataFrame, reward, max_new_tokens
         model.train(was_training)
         tokenizer.padding_side = side
     judged, _ = judge(reward, rows, texts)
-    scored = [group[0] for group in judged if group[0] is not None]  # an unscored completion is left out
-    return sum(scored) / len(scored) if scored else float("nan")
+    return [group[0] for group in judged]
+
+
+def beats_start(start: list[float | None], best: list[float | None]) -> tuple[bool, tuple[float, float, float]]:
+    """Whether `best` is more accurate than `start` on the same probe rows beyond the noise: the lower bound of the
+    paired bootstrap 95% CI of (best - start) over the rows both scored is above zero. Also (mean, low, high)."""
+    pairs = [(a, b) for a, b in zip(start, best, strict=True) if a is not None and b is not None]
+    if len(pairs) < 2:
+        return False, (math.nan, math.nan, math.nan)
+    mean, low, high = paired_bootstrap_ci([a for a, _ in pairs], [b for _, b in pairs], n_boot=2_000, seed=0)
+    return low > 0, (mean, low, high)
 
 
 class HeldOutAccuracyProbe(TrainerCallback):
@@ -56,6 +73,7 @@ class HeldOutAccuracyProbe(TrainerCallback):
         patience: int = 0,
         notes: list[str] | None = None,
         stop_at: float | None = None,
+        over_start: bool = False,
     ):
         self.rows = rows.reset_index(drop=True)
         self.tokenizer = tokenizer
@@ -65,6 +83,9 @@ class HeldOutAccuracyProbe(TrainerCallback):
         self.keep_best = keep_best
         self.stop_at = stop_at  # end training at the first probe at or above this accuracy
         self.patience = patience
+        self.over_start = over_start  # with keep_best: the start stays unless the best step beats it (beats_start)
+        self._start: tuple[int, list[float | None], dict[str, object]] | None = None
+        self._best_items: list[float | None] = []
         self.history: list[tuple[int, float]] = []
         self.best: tuple[int, float] | None = None  # (step, accuracy) of the kept weights
         self.kept_step: int | None = None
@@ -76,22 +97,28 @@ class HeldOutAccuracyProbe(TrainerCallback):
     def _measure(self, step: int, model) -> float:
         import mlflow
 
-        acc = greedy_accuracy(model, self.tokenizer, self.rows, self.reward, self.max_new_tokens)
+        items = greedy_correct(model, self.tokenizer, self.rows, self.reward, self.max_new_tokens)
+        scored = [c for c in items if c is not None]
+        acc = sum(scored) / len(scored) if scored else float("nan")
         self.history.append((step, acc))
         if mlflow.active_run() is not None:
             mlflow.log_metric(PROBE_METRIC, acc, step=step)
         if self.keep_best and not math.isnan(acc):
-            self._consider(step, acc, model)
+            if self.over_start and self._start is None:
+                self._start = (step, items, trainable_copy(model))
+            if self._consider(step, acc, model):
+                self._best_items = items
         return acc
 
-    def _consider(self, step: int, acc: float, model) -> None:
+    def _consider(self, step: int, acc: float, model) -> bool:
         """Keep a copy of the trainable weights when `acc` is at least the best so far (ties: the later step)."""
         if self.best is not None and acc < self.best[1]:
             self._since_best += 1
-            return
+            return False
         self._since_best = 0 if self.best is None or acc > self.best[1] else self._since_best + 1
         self.best = (step, acc)
-        self._weights = {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
+        self._weights = trainable_copy(model)
+        return True
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._measure(state.global_step, model)  # the start policy (or where an interrupted round resumes)
@@ -128,16 +155,31 @@ class HeldOutAccuracyProbe(TrainerCallback):
                 f"ended at step {self._early_stop_at} of {state.max_steps}: {self.patience} probe(s) in a row did not "
                 f"beat the best (grpo.probe_patience={self.patience})"
             )
+        note = None
+        if self._start is not None and best_step != self._start[0]:
+            better, (gain, low, high) = beats_start(self._start[1], self._best_items)
+            if not better:  # the round's best is not clearly better than where it started: keep the start
+                note = (
+                    f"kept the start (step {self._start[0]}) of {step} (grpo.keep_over_start): the best step "
+                    f"{best_step}'s probe gain {gain:+.3f} (paired 95% CI {low:+.3f}..{high:+.3f}) is not above zero"
+                )
+                best_step, best_acc, self._weights = self._start[0], self.history[0][1], self._start[2]
         if best_step != step:
             restore(model, self._weights)
         self.kept_step = best_step
         why = "the round's best held-out probe accuracy, ties to the later step"
         self.notes.append(
-            f"kept step {best_step} of {step} (grpo.keep=best_probe): probe accuracy {best_acc:.3f}, {why}; the last "
-            f"step's was {last_acc:.3f}"
+            note
+            or f"kept step {best_step} of {step} (grpo.keep=best_probe): probe accuracy {best_acc:.3f}, {why}; the "
+            f"last step's was {last_acc:.3f}"
         )
         logger.info("%s", self.notes[-1])
-        self._weights = {}
+        self._weights, self._start = {}, None
+
+
+def trainable_copy(model) -> dict[str, object]:
+    """A CPU copy of `model`'s trainable parameters, by name."""
+    return {n: p.detach().to("cpu", copy=True) for n, p in model.named_parameters() if p.requires_grad}
 
 
 def restore(model, weights: dict[str, object]) -> None:
