@@ -120,6 +120,7 @@ def table(results: list[dict], variants: list[str]) -> tuple[list[str], list[str
                 continue
             acc = [100 * r["accuracy"] for r in runs]
             mean, lo, hi = interval(acc)
+            lo, hi = max(lo, 0.0), min(hi, 100.0)  # an accuracy's interval within what an accuracy can be
             means[variant] = mean
             diffs = [100 * (r["accuracy"] - base[r["seed"]]) for r in runs if r["seed"] in base]
             vs = "-" if variant == "dapo" or not diffs else "{:+.1f} ({:+.1f}..{:+.1f})".format(*interval(diffs))
