@@ -72,8 +72,11 @@ def weights_dtype(model_cfg: ModelConfig) -> Any:
 def precision_of(trainer: Trainer) -> dict[str, str]:
     """The dtypes training actually used, read from the trainer: trainable weights, optimizer state (Adam's first
     moment) and autocast."""
-    weights = next(p.dtype for p in trainer.model.parameters() if p.requires_grad)
-    moments = [s["exp_avg"].dtype for s in trainer.optimizer.state.values() if "exp_avg" in s]
+    weights = next((p.dtype for p in trainer.model.parameters() if p.requires_grad), "none")
+    try:  # an optimizer of DeepSpeed's or FSDP's may keep its state elsewhere: then it is not known here
+        moments = [s["exp_avg"].dtype for s in trainer.optimizer.state.values() if "exp_avg" in s]
+    except (AttributeError, TypeError):
+        moments = ["unknown"]
     autocast = "bf16" if trainer.args.bf16 else "fp16" if trainer.args.fp16 else "none"
     return {
         "weights": str(weights).removeprefix("torch."),
