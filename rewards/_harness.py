@@ -191,12 +191,8 @@ def _decode(text: str, pos: int, depth: int, namespace: dict[str, Any] | None) -
         raise DecodeError("too deep")
     tag = text[pos]
     pos += 1
-    if tag == "N":
-        return None, pos
-    if tag == "T":
-        return True, pos
-    if tag == "F":
-        return False, pos
+    if tag in _CONSTANTS:
+        return _CONSTANTS[tag], pos
     if tag == "i":
         raw, pos = _upto(text, pos, ";")
         return int(raw), pos
@@ -204,46 +200,14 @@ def _decode(text: str, pos: int, depth: int, namespace: dict[str, Any] | None) -
         raw, pos = _upto(text, pos, ";")
         return float.fromhex(raw), pos
     if tag in "soyn":
-        raw, pos = _upto(text, pos, ":")
-        n = int(raw)
-        if n < 0 or pos + n > len(text):
-            raise DecodeError("bad length")
-        s = text[pos : pos + n]
-        if tag == "y":
-            found = getattr(builtins, s, None)
-            if type(found) is not type or s.startswith("_"):
-                raise DecodeError(f"not a builtin type: {s!r}")
-            return found, pos + n
-        if tag == "n":
-            if _REFS is None:
-                raise DecodeError("a name reference outside a call")
-            return _REFS.decode(tag, s), pos + n
-        return (s if tag == "s" else Opaque(s)), pos + n
+        return _decode_text(tag, text, pos)
     if tag in "hk":
         raw, pos = _upto(text, pos, ";")
         if _REFS is None:
             raise DecodeError("a reference outside a call")
         return _REFS.decode(tag, int(raw)), pos
     if tag in "ltSzId":
-        raw, pos = _upto(text, pos, ":")
-        n = int(raw)
-        if n < 0 or n > len(text):
-            raise DecodeError("bad length")
-        items: list[Any] = []
-        for _ in range(2 * n if tag == "d" else n):
-            v, pos = _decode(text, pos, depth + 1, namespace)
-            items.append(v)
-        if tag == "l":
-            return items, pos
-        if tag == "t":
-            return tuple(items), pos
-        if tag == "S":
-            return set(items), pos
-        if tag == "z":
-            return frozenset(items), pos
-        if tag == "I":
-            return iter(items), pos
-        return dict(zip(items[0::2], items[1::2], strict=True)), pos
+        return _decode_container(tag, text, pos, depth, namespace)
     if tag == "b":
         raw, pos = _upto(text, pos, ";")
         return bytes.fromhex(raw), pos
@@ -257,16 +221,66 @@ def _decode(text: str, pos: int, depth: int, namespace: dict[str, Any] | None) -
         c, pos = _upto(text, pos, ";")
         return range(int(a), int(b), int(c)), pos
     if tag == "x":
-        key, pos = _decode(text, pos, depth + 1, namespace)
-        data, pos = _decode(text, pos, depth + 1, namespace)
-        if type(key) is not str or type(data) is not tuple:
-            raise DecodeError("bad standard-library value")
-        if key == "namedtuple":
-            return _namedtuple(*data), pos
-        if key == "enum":
-            return _enum_member(namespace, *data), pos
-        return _CARRIED[key][1](*data), pos
+        return _decode_carried(text, pos, depth, namespace)
     raise DecodeError(f"unknown tag {tag!r}")
+
+
+_CONSTANTS: dict[str, Any] = {"N": None, "T": True, "F": False}
+
+
+def _decode_text(tag: str, text: str, pos: int) -> tuple[Any, int]:
+    """A length-prefixed text: a string (s), an opaque object's repr (o), a builtin type (y) or a name reference (n)."""
+    raw, pos = _upto(text, pos, ":")
+    n = int(raw)
+    if n < 0 or pos + n > len(text):
+        raise DecodeError("bad length")
+    s = text[pos : pos + n]
+    if tag == "y":
+        found = getattr(builtins, s, None)
+        if type(found) is not type or s.startswith("_"):
+            raise DecodeError(f"not a builtin type: {s!r}")
+        return found, pos + n
+    if tag == "n":
+        if _REFS is None:
+            raise DecodeError("a name reference outside a call")
+        return _REFS.decode(tag, s), pos + n
+    return (s if tag == "s" else Opaque(s)), pos + n
+
+
+def _decode_container(tag: str, text: str, pos: int, depth: int, namespace: dict[str, Any] | None) -> tuple[Any, int]:
+    """A list (l), tuple (t), set (S), frozenset (z), iterator (I) or dict (d) of counted items."""
+    raw, pos = _upto(text, pos, ":")
+    n = int(raw)
+    if n < 0 or n > len(text):
+        raise DecodeError("bad length")
+    items: list[Any] = []
+    for _ in range(2 * n if tag == "d" else n):
+        v, pos = _decode(text, pos, depth + 1, namespace)
+        items.append(v)
+    if tag == "l":
+        return items, pos
+    if tag == "t":
+        return tuple(items), pos
+    if tag == "S":
+        return set(items), pos
+    if tag == "z":
+        return frozenset(items), pos
+    if tag == "I":
+        return iter(items), pos
+    return dict(zip(items[0::2], items[1::2], strict=True)), pos
+
+
+def _decode_carried(text: str, pos: int, depth: int, namespace: dict[str, Any] | None) -> tuple[Any, int]:
+    """A standard-library value (x): its kind, then its constructor's arguments as a tuple."""
+    key, pos = _decode(text, pos, depth + 1, namespace)
+    data, pos = _decode(text, pos, depth + 1, namespace)
+    if type(key) is not str or type(data) is not tuple:
+        raise DecodeError("bad standard-library value")
+    if key == "namedtuple":
+        return _namedtuple(*data), pos
+    if key == "enum":
+        return _enum_member(namespace, *data), pos
+    return _CARRIED[key][1](*data), pos
 
 
 def to_bytes(text: str) -> bytes:
