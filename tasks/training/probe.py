@@ -26,7 +26,12 @@ from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci
 
 def greedy_accuracy(model, tokenizer, rows: pd.DataFrame, reward, max_new_tokens: int) -> float:
     """Fraction of `rows` whose greedy completion gets `reward` >= 1.0 (one batched generate call)."""
-    scored = [c for c in greedy_correct(model, tokenizer, rows, reward, max_new_tokens) if c is not None]
+    return accuracy(greedy_correct(model, tokenizer, rows, reward, max_new_tokens))
+
+
+def accuracy(items: list[float | None]) -> float:
+    """The mean of the scored items (an unscored completion is left out); NaN when none was scored."""
+    scored = [c for c in items if c is not None]
     return sum(scored) / len(scored) if scored else float("nan")
 
 
@@ -98,16 +103,14 @@ class HeldOutAccuracyProbe(TrainerCallback):
         import mlflow
 
         items = greedy_correct(model, self.tokenizer, self.rows, self.reward, self.max_new_tokens)
-        scored = [c for c in items if c is not None]
-        acc = sum(scored) / len(scored) if scored else float("nan")
+        acc = accuracy(items)
         self.history.append((step, acc))
         if mlflow.active_run() is not None:
             mlflow.log_metric(PROBE_METRIC, acc, step=step)
-        if self.keep_best and not math.isnan(acc):
-            if self.over_start and self._start is None:
-                self._start = (step, items, trainable_copy(model))
-            if self._consider(step, acc, model):
-                self._best_items = items
+        if self.keep_best and not math.isnan(acc) and self._consider(step, acc, model):
+            self._best_items = items
+            if self.over_start and self._start is None:  # the first probe is always kept: its copy is the start's
+                self._start = (step, items, self._weights)
         return acc
 
     def _consider(self, step: int, acc: float, model) -> bool:
