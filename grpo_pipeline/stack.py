@@ -85,8 +85,8 @@ def running(state_dir: Path | None = None) -> Stack | None:
     stack = load(state_dir)
     if stack is None or not all(stack.alive().values()):
         return None
-    healthy = _healthy(f"{stack.prefect_api_url}/health") and _healthy(f"{stack.mlflow_url}/health")
-    return stack if healthy else None
+    up = healthy(f"{stack.prefect_api_url}/health") and healthy(f"{stack.mlflow_url}/health")
+    return stack if up else None
 
 
 def pid_alive(pid: int) -> bool:
@@ -178,8 +178,8 @@ def _start_servers(stack: Stack, env: Mapping[str, str], prefect_port: int, mlfl
         "--artifacts-destination", str(state / "mlartifacts"), "--serve-artifacts",
     ]  # fmt: skip
     stack.services.append(_spawn("mlflow-server", mlflow, env, stack))
-    _wait_healthy(stack.services[0], f"{stack.prefect_api_url}/health", timeout_s)
-    _wait_healthy(stack.services[1], f"{stack.mlflow_url}/health", timeout_s)
+    wait_healthy(stack.services[0], f"{stack.prefect_api_url}/health", timeout_s)
+    wait_healthy(stack.services[1], f"{stack.mlflow_url}/health", timeout_s)
 
 
 def _bin(name: str) -> str:
@@ -211,16 +211,18 @@ def _cli(cmd: list[str], env: Mapping[str, str], cwd: Path) -> None:
         raise StackError(f"`{' '.join(cmd)}` failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
 
 
-def _healthy(url: str) -> bool:
+def healthy(url: str) -> bool:
+    """Whether `url` (a server's health endpoint) answers 200."""
     try:
         return httpx.get(url, timeout=2.0).status_code == 200
     except httpx.HTTPError:
         return False
 
 
-def _wait_healthy(service: Service, url: str, timeout_s: float) -> None:
+def wait_healthy(service: Service, url: str, timeout_s: float) -> None:
+    """Until `url` answers; StackError (with the service's log tail) when its process exits or `timeout_s` passes."""
     deadline = time.monotonic() + timeout_s
-    while not _healthy(url):
+    while not healthy(url):
         if not pid_alive(service.pid):
             raise StackError(f"{service.name} exited during start-up; its log ({service.log}) ends:\n{_tail(service)}")
         if time.monotonic() > deadline:

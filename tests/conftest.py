@@ -8,12 +8,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
 from grpo_pipeline.runtime import setup
@@ -108,7 +106,7 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One Prefect server on loopback per test session (per pytest-xdist worker), for the CLI runs that need a
     server but not one of their own: each would otherwise start a temporary one (seconds each). The runs whose tests
     read the server's own database (the session's cold `micro_run`) keep theirs."""
-    from grpo_pipeline.stack import free_port
+    from grpo_pipeline.stack import Service, free_port, wait_healthy
     from tests.helpers import cli_env
 
     home = tmp_path_factory.mktemp("prefect-server")
@@ -123,11 +121,9 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}/api"
     try:
-        deadline = time.monotonic() + 180
-        while not _healthy(f"{url}/health"):
-            assert proc.poll() is None, (home / "server.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the Prefect server did not start in 180 s"
-            time.sleep(0.5)
+        wait_healthy(
+            Service(name="the tests' Prefect server", pid=proc.pid, log=str(home / "server.log")), f"{url}/health", 180
+        )
         yield url
     finally:
         os.killpg(proc.pid, 15)
@@ -137,10 +133,3 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             os.killpg(proc.pid, 9)
             proc.wait()
         log.close()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2.0).status_code == 200
-    except httpx.HTTPError:
-        return False
