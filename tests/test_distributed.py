@@ -73,6 +73,25 @@ def test_grpo_trains_in_two_processes(tmp_path: Path) -> None:
         assert {int(line.split()[1]) for line in scored} == {8}, (rank, scored)
 
 
+def test_a_launched_process_rebuilds_the_config_as_it_was_written(tmp_path: Path) -> None:
+    """The job file carries the fields the user set, not every default: with use_vllm false, a launched process
+    rebuilt from a full dump would see the vLLM correction options as given and refuse the config (found by
+    rehearsing the multi-GPU recipe)."""
+    import inspect
+    import typing
+
+    from pydantic import TypeAdapter
+
+    from grpo_pipeline.tasks.core.launch import job_params
+
+    cfg = load_config(None, ["grpo.use_vllm=false", "grpo.learning_rate=3e-4"])
+    params = json.loads(json.dumps(job_params({"cfg": cfg.grpo, "round_index": 2, "ctx": RunContext.of(cfg)})))
+    hints = typing.get_type_hints(inspect.unwrap(grpo_train))
+    rebuilt = {name: TypeAdapter(hints[name]).validate_python(value) for name, value in params.items()}
+    assert rebuilt["cfg"] == cfg.grpo and rebuilt["cfg"].model_fields_set == cfg.grpo.model_fields_set
+    assert rebuilt["ctx"] == RunContext.of(cfg) and rebuilt["round_index"] == 2
+
+
 def test_batches_must_split_across_processes() -> None:
     with pytest.raises(ConfigError, match=r"distributed\.num_processes"):
         load_config(None, ["distributed.num_processes=3", "grpo.prompts_per_step=8", "grpo.generations_per_prompt=8"])

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 from pydantic_core import to_jsonable_python
 
 from grpo_pipeline.configs.schema import ConfigError
@@ -98,7 +98,7 @@ def launch(fn: Callable[..., Checkpoint], params: dict[str, Any], ctx: RunContex
     """Run the stage `fn` in `ctx.num_processes` processes and return what its process 0 saved."""
     with tempfile.TemporaryDirectory(prefix="grpo-launch-") as tmp:
         job, result = Path(tmp) / "job.json", Path(tmp) / "result.json"
-        job.write_text(json.dumps({"module": fn.__module__, "name": fn.__name__, "params": to_jsonable_python(params)}))
+        job.write_text(json.dumps({"module": fn.__module__, "name": fn.__name__, "params": job_params(params)}))
         # The launched processes import what this one can (the user's reward modules beside the recipe included).
         cmd, extra_env = launch_command(ctx, job)
         env = {
@@ -116,6 +116,18 @@ def launch(fn: Callable[..., Checkpoint], params: dict[str, Any], ctx: RunContex
                 f"{done.returncode}; its processes' errors are in the log above"
             )
         return Checkpoint.model_validate_json(result.read_text())
+
+
+def job_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The stage's arguments as JSON. A config section carries only the fields that were set, so that the launched
+    process rebuilds it as it was built here: validators that read `model_fields_set` (a vLLM option given with
+    use_vllm false, say) see what the user wrote, not every default spelled out."""
+    return {
+        name: value.model_dump(mode="json", exclude_unset=True)
+        if isinstance(value, BaseModel)
+        else to_jsonable_python(value)
+        for name, value in params.items()
+    }
 
 
 def run_job(job_path: Path) -> None:
