@@ -33,6 +33,16 @@ class SyntheticTaskConfig(Section):
         "SFT completion forgets it (47+38= -> 75 instead of 85). Only the SFT target changes; the answer that "
         "rewards and evaluation check is always right. 0 = a perfect teacher.",
     )
+    units_drill: int = Field(
+        default=0,
+        ge=0,
+        le=100,
+        description="A units-table drill for SFT: this many copies of the 100 one-digit additions, written at the "
+        "task's width ('07+08=' -> '15' with 2-digit operands, so the digits sit where a real problem's units digits "
+        "do), added to the SFT data only (GRPO, evaluation and the probe never see them). The table of units digits "
+        "is what SFT learns last, after a plateau whose length depends on the seed; drilling it directly takes "
+        "every seed off the plateau (benchmarks/LEARNING.md). 0 = no drill.",
+    )
     families: list[Literal["x+k", "x-k", "k-x", "x*k", "max(x,k)"]] = Field(
         default=list(FUNCTION_FAMILIES),
         min_length=1,
@@ -63,6 +73,8 @@ class SyntheticTaskConfig(Section):
             raise ValueError("teacher_carry_slip only changes '+' problems; add '+' to operations or set it to 0")
         if self.teacher_carry_slip > 0 and self.kind != "arithmetic":
             raise ValueError("teacher_carry_slip only changes kind 'arithmetic'; use teacher_order_slip or set it to 0")
+        if self.units_drill and (self.kind != "arithmetic" or "+" not in self.operations):
+            raise ValueError("units_drill drills one-digit additions; use kind 'arithmetic' with '+' or set it to 0")
         if self.teacher_order_slip > 0 and self.kind != "functions":
             raise ValueError("teacher_order_slip only changes kind 'functions'; set kind: functions or set it to 0")
         if self.teacher_order_slip > 0 and "k-x" not in self.families:

@@ -202,7 +202,7 @@ def grpo_pipeline(
     if cfg.sft.enabled:
         policy = run(
             "sft_warmup", sft_warmup,
-            base=base, train=data.train, cfg=cfg.sft, model_cfg=model_cfg, ctx=ctx, **sft_bar(cfg, data),
+            base=base, train=data.sft_train, cfg=cfg.sft, model_cfg=model_cfg, ctx=ctx, **sft_bar(cfg, data),
         )  # fmt: skip
         label = "sft"
     baseline = run(
@@ -279,6 +279,7 @@ def grpo_round(
             "round": str(r),
             **{f"grpo.{name}": str(value) for name, value in cfg.grpo.algorithm().items()},  # the objective trained
             **({"sft_warning": sft_warning} if sft_warning else {}),  # the model card says so too
+            **({"rehearsal_of": cfg.rehearsal.recipe} if cfg.rehearsal else {}),  # grpo-pipeline rehearse
         }
         registration = run(
             f"register-r{r}", register,

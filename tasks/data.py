@@ -27,6 +27,7 @@ from grpo_pipeline.tasks.sources.synthetic import (
     swap_subtractions,
     synthetic_arithmetic,
     synthetic_functions,
+    units_drill,
 )
 from grpo_pipeline.tasks.sources.tables import format_prompt, load_hf, map_columns, read_table
 
@@ -36,6 +37,14 @@ class DatasetRefs(BaseModel):
     eval: Ref
     # The GRPO probe's rows (data.num_probe), held out from training and disjoint from the eval items; None: none.
     probe: Ref | None = None
+    # SFT's rows where they are more than the training split's (a drill added, data.synthetic.units_drill); None:
+    # SFT trains on `train`.
+    sft: Ref | None = None
+
+    @property
+    def sft_train(self) -> Ref:
+        """The rows SFT trains on."""
+        return self.sft or self.train
 
 
 # ----------------------------------------------------------------------------- split and write
@@ -129,6 +138,10 @@ def prepare_data(cfg: DataConfig, run_dir: str, out: Path) -> DatasetRefs:
             len(probe),
         )
     splits = {"train": train, "eval": held_out, **({"probe": probe} if not probe.empty else {})}
+    if cfg.source == "synthetic" and cfg.synthetic.units_drill:
+        drill = units_drill(cfg.synthetic.max_digits, cfg.synthetic.units_drill)
+        splits["sft"] = pd.concat([train, drill], ignore_index=True)
+        logger.info("units drill: %d one-digit additions added to SFT's %d rows", len(drill), len(train))
     with atomic_dir(out) as tmp:
         for name, frame in splits.items():
             frame.to_parquet(tmp / f"{name}.parquet", index=False)

@@ -70,6 +70,17 @@ def slip_carries(train: pd.DataFrame, rate: float, seed: int) -> pd.DataFrame:
     return train.assign(completion=slipped)
 
 
+def units_drill(width: int, copies: int) -> pd.DataFrame:
+    """`copies` of the 100 one-digit additions with operands zero-padded to `width` digits (`07+08=` -> `15`): the
+    units-digit table at the positions a real problem's units digits take, for SFT only (data.synthetic.units_drill).
+    The answer is written as a real one is (no padding), so the drill's targets never teach a format GRPO's
+    rewards would not accept."""
+    rows = [(f"{a:0{width}d}+{b:0{width}d}=", str(a + b)) for a in range(10) for b in range(10)] * copies
+    return pd.DataFrame(
+        {"prompt": [p for p, _ in rows], "answer": [a for _, a in rows], "completion": [a for _, a in rows]}
+    )
+
+
 # ----------------------------------------------------------------------------- synthetic code: functions from examples
 
 # Each family: how its body is written for a constant k, and what it computes.
