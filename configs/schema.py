@@ -24,6 +24,7 @@ from grpo_pipeline.configs.grpo import DifficultyFilterConfig, GRPOStageConfig, 
 from grpo_pipeline.configs.model import LoraAdapterConfig, ModelConfig, TinyModelConfig
 from grpo_pipeline.configs.monitors import MonitorsConfig
 from grpo_pipeline.configs.registry import RegistryConfig
+from grpo_pipeline.configs.rehearsal import RehearsalConfig
 from grpo_pipeline.configs.sft import SFTStageConfig
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "MonitorsConfig",
     "PipelineConfig",
     "RegistryConfig",
+    "RehearsalConfig",
     "RewardSpec",
     "SFTStageConfig",
     "SyntheticTaskConfig",
@@ -70,6 +72,12 @@ class PipelineConfig(Section):
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     monitors: MonitorsConfig = Field(
         default_factory=MonitorsConfig, description="Health alarms of the GRPO rounds (tasks/training/health.py)."
+    )
+    rehearsal: RehearsalConfig | None = Field(
+        default=None,
+        json_schema_extra=UNKEYED,
+        description="Set by `grpo-pipeline rehearse`, never by hand: the recipe a run rehearses, what was changed "
+        "and what could not be rehearsed (carried by the summary and the model card).",
     )
 
     @field_validator("name")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from grpo_pipeline.configs.schema import PipelineConfig
+from grpo_pipeline.configs.schema import PipelineConfig, RehearsalConfig
 from grpo_pipeline.tasks.core.common import Checkpoint
 from grpo_pipeline.tasks.difficulty import DifficultyResult
 from grpo_pipeline.tasks.release.gate import item_metric
@@ -121,6 +121,8 @@ class Summary(BaseModel):
     sft_warning: str | None = None
     # How the GRPO rounds trained: weights', optimizer state's and autocast's dtypes (model.train_precision).
     precision: str = ""
+    # `grpo-pipeline rehearse`: which recipe this run rehearses, what it changed, what it could not rehearse.
+    rehearsal: RehearsalConfig | None = None
 
     @classmethod
     def build(
@@ -154,6 +156,7 @@ class Summary(BaseModel):
             notes=[list(r.policy.notes) for r in rounds],
             sft_warning=sft_warning,
             precision="; ".join(dict.fromkeys(r.policy.precision for r in rounds if r.policy.precision)),
+            rehearsal=cfg.rehearsal,
         )
 
     @property
@@ -194,6 +197,8 @@ class Summary(BaseModel):
         ]
         lines += [f"| {s.stage} | {s.seconds:.1f} | {'yes' if s.cached else 'no'} | {s.note} |" for s in self.stages]
         lines.append(f"| **total** | {self.total_seconds:.1f} | | |")
+        if self.rehearsal:
+            lines += ["", *self.rehearsal.lines()]
         if self.precision:
             lines += ["", f"Training precision: {self.precision}."]
         if self.sft_warning:

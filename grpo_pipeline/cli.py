@@ -77,23 +77,58 @@ class _NoTracebackFor(logging.Filter):
         return True
 
 
+RefreshOpt = Annotated[bool, typer.Option("--refresh", help="Ignore cached stage results and rerun everything.")]
+VerboseOpt = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Debug logging, trainer log dicts, libraries' deprecation warnings.")
+]
+SummaryOpt = Annotated[
+    Path | None, typer.Option("--summary-json", help="Also write the run summary as JSON to this file.")
+]
+
+
 @app.command()
 def run(
     config: ConfigOpt = None,
     overrides: OverridesArg = None,
-    refresh: Annotated[
-        bool, typer.Option("--refresh", help="Ignore cached stage results and rerun everything.")
-    ] = False,
-    verbose: Annotated[
-        bool, typer.Option("--verbose", "-v", help="Debug logging, trainer log dicts, libraries' deprecation warnings.")
-    ] = False,
-    summary_json: Annotated[
-        Path | None, typer.Option("--summary-json", help="Also write the run summary as JSON to this file.")
-    ] = None,
+    refresh: RefreshOpt = False,
+    verbose: VerboseOpt = False,
+    summary_json: SummaryOpt = None,
 ) -> None:
     """Run the whole pipeline on a recipe."""
     cfg = _load(config, overrides)
     setup(cfg, verbose=verbose, refresh=refresh)
+    _run_pipeline(cfg, verbose, summary_json)
+
+
+@app.command()
+def rehearse(
+    config: Annotated[
+        Path, typer.Option("--config", "-c", help="The recipe to rehearse, e.g. configs/qwen2.5-0.5b-gsm8k.yaml.")
+    ],
+    overrides: OverridesArg = None,
+    refresh: RefreshOpt = False,
+    verbose: VerboseOpt = False,
+    summary_json: SummaryOpt = None,
+) -> None:
+    """Rehearse a GPU recipe on this machine's CPU in minutes: its whole DAG on a tiny model of the same family, its
+    own data (hub data: data.source=file data.path=<local copy>), rewards, metrics, gate and registration (under
+    <model_name>-rehearsal), so every error that does not need a GPU shows before a GPU is paid for. The summary
+    says what was changed and what could not be rehearsed."""
+    from grpo_pipeline.rehearse import rehearsal_config
+
+    cfg = _load(config, overrides)
+    setup(cfg, verbose=verbose, refresh=refresh)
+    try:
+        cfg = rehearsal_config(cfg)
+    except ConfigError as e:
+        _error(e)
+        raise typer.Exit(2) from None
+    console.print(f"[bold]rehearsal[/bold] of {cfg.rehearsal.recipe}: " + "; ".join(cfg.rehearsal.not_rehearsed))
+    _run_pipeline(cfg, verbose, summary_json)
+
+
+def _run_pipeline(cfg: PipelineConfig, verbose: bool, summary_json: Path | None) -> None:
+    """The flow on `cfg` (after `setup`), its summary printed, and where to see it in MLflow."""
     _preflight(cfg)
     _use_stack_if_running()
     # Prefect reads its settings at import time, so the flow is imported only after setup.

@@ -50,6 +50,7 @@ def model_card(
         f"Trained by grpo-pipeline ({policy.stage}) from `{tags.get('parent_model', policy.parent)}`; config hash "
         f"`{tags.get('config_hash', '?')[:12]}`, code `{tags.get('code_version', '?')}`.",
         "",
+        *rehearsal_lines(tags),
         "## Data",
         f"- training data fingerprint `{tags.get('data_fingerprint', '?')[:12]}`",
         f"- eval set fingerprint `{result.eval_fingerprint[:12]}`, {result.num_problems} items",
@@ -90,6 +91,18 @@ def model_card(
         "```",
     ]
     return "\n".join(lines) + "\n"
+
+
+def rehearsal_lines(tags: dict[str, str]) -> list[str]:
+    """A rehearsal's version (`grpo-pipeline rehearse`) says so first: its scores are not the recipe's."""
+    if "rehearsal_of" not in tags:
+        return []
+    return [
+        f"**A rehearsal of recipe `{tags['rehearsal_of']}`** (`grpo-pipeline rehearse`) on a tiny stand-in model with "
+        "random initial weights: it proves the recipe's DAG runs, not how well it trains; not for use. What the "
+        "rehearsal changed and could not rehearse: `rehearsal:` in the resolved config below.",
+        "",
+    ]
 
 
 def objective_lines(tags: dict[str, str]) -> list[str]:

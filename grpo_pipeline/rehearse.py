@@ -1,0 +1,193 @@
+"""`grpo-pipeline rehearse --config <recipe>`: a real recipe's whole DAG on CPU in a few minutes, to find every error
+that does not need a GPU before a GPU is paid for.
+
+What stays the recipe's own: its data source and column mapping (hub data pointed at a local copy with
+`data.source=file data.path=...`), prompt format and system prompt, rewards, evaluation metrics, gate, LoRA
+adapters, SFT and GRPO objective, number of processes (at most 2). What changes: the model becomes a tiny one of the
+same family (tasks/training/family_model.py: the same architecture class, a byte-level BPE trained on the recipe's
+data with the family's special tokens and chat template, the instruct checkpoint's generation defaults); rows, steps
+and sequence lengths shrink; runs go to `<run_dir>/rehearsal`, registrations to `<experiment>-rehearsal` and
+`<model_name>-rehearsal`, never the recipe's own. What cannot run here is replaced and said so. The run's config
+carries all of it (`rehearsal:`), so the summary and the model card say it too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from grpo_pipeline.configs.schema import ConfigError, PipelineConfig, RehearsalConfig
+
+SUFFIX = "-rehearsal"
+# The rehearsal's scale: enough rows for a GRPO batch, a probe and a gate that compares (it needs 10 items); steps
+# enough to probe and save twice; completions long enough to hold a tag or a line of code.
+ROWS = {"num_train": 32, "num_eval": 16, "num_probe": 4}
+PROMPTS_PER_STEP = 2
+GRPO = {"steps_per_round": 4, "generations_per_prompt": 4, "max_completion_tokens": 32,
+        "probe_problems": 4, "probe_every_steps": 2, "save_every_steps": 2, "log_every_steps": 1}  # fmt: skip
+SFT = {"max_steps": 4, "probe_every_steps": 2, "save_every_steps": 2}
+SFT_BATCH = 4
+EVAL = {"max_problems": 16, "max_new_tokens": 32, "batch_size": 16}
+MAX_ROUNDS, MAX_SAMPLES, MAX_PROCESSES = 2, 2, 2
+
+
+def rehearsal_config(cfg: PipelineConfig) -> PipelineConfig:
+    """The rehearsal of `cfg`: a tiny model of its family built (once) under `<run_dir>/rehearsal/models`, the
+    config shrunk, and `rehearsal:` saying what changed and what could not be rehearsed."""
+    if cfg.rehearsal is not None:
+        raise ConfigError(f"this config already rehearses {cfg.rehearsal.recipe}; rehearse the recipe itself")
+    if cfg.model.base == "tiny":
+        raise ConfigError(
+            f"{cfg.name} runs on the embedded tiny model, on CPU, as it is: `grpo-pipeline run --config <recipe>`. "
+            "rehearse stands in for a hub model (model.base)"
+        )
+    data = _data_problem(cfg)
+    if data:
+        raise ConfigError(data)
+    spec = cfg.model_dump(mode="json", exclude_unset=True)
+    changed: list[str] = []
+
+    def put(path: str, value: Any) -> None:
+        """Set `path` (e.g. 'grpo.steps_per_round') in the spec, noting old -> new where it changes."""
+        *parents, leaf = path.split(".")
+        node, current = spec, cfg
+        for part in parents:
+            node, current = node.setdefault(part, {}), getattr(current, part)
+        old = getattr(current, leaf)
+        if old != value:
+            node[leaf] = value
+            changed.append(f"{path}: {_short(old)} -> {_short(value)}")
+
+    not_rehearsed = _replace_gpu_only(cfg, put)
+    model_dir, family = _stand_in(cfg)
+    spec.setdefault("model", {})["base"] = str(model_dir)
+    changed.append(
+        f"model.base: {cfg.model.base} -> a tiny {family} ({model_dir}): the same architecture class and chat "
+        "template, a byte-level BPE trained on the recipe's data, random weights"
+    )
+    _shrink(cfg, put)
+    put("name", cfg.name + SUFFIX)
+    put("run_dir", str(Path(cfg.run_dir) / "rehearsal"))
+    put("registry.experiment", cfg.registry.experiment + SUFFIX)
+    put("registry.model_name", cfg.registry.model_name + SUFFIX)
+    spec["rehearsal"] = RehearsalConfig(recipe=cfg.name, changed=changed, not_rehearsed=not_rehearsed).model_dump()
+    try:
+        return PipelineConfig.model_validate(spec)
+    except ValueError as e:
+        raise ConfigError(f"the rehearsal of {cfg.name} is not a valid config ({e}); please report this") from e
+
+
+def _data_problem(cfg: PipelineConfig) -> str | None:
+    from grpo_pipeline.tasks.core.hub import dataset_problem
+
+    problem = dataset_problem(cfg.data)
+    if problem is None:
+        return None
+    return (
+        f"{problem}. A rehearsal reads the recipe's own data; point it at a local file of the same columns: "
+        "grpo-pipeline rehearse --config <recipe> data.source=file data.path=<file.jsonl|.parquet>"
+    )
+
+
+def _replace_gpu_only(cfg: PipelineConfig, put: Any) -> list[str]:
+    """Swap what needs CUDA for what runs here; one line each saying what was not rehearsed and what ran instead."""
+    from grpo_pipeline.tasks.training.trainer import has_cuda, vllm_available
+
+    lines = []
+    if cfg.model.load_in_4bit and not has_cuda():
+        put("model.load_in_4bit", False)
+        lines.append("4-bit base weights (model.load_in_4bit) need CUDA and bitsandbytes: rehearsed as LoRA on "
+                     "full-precision weights")  # fmt: skip
+    if cfg.grpo.use_vllm is not False and not vllm_available():
+        put("grpo.use_vllm", False)
+        lines.append("vLLM generation (grpo.use_vllm) needs CUDA and the vllm package: rollouts and evaluation "
+                     "generated with transformers' generate")  # fmt: skip
+    if cfg.model.dtype in ("bfloat16", "float16") and not has_cuda():
+        lines.append(f"{cfg.model.dtype} autocast needs CUDA: training computed in float32")
+    if cfg.distributed.accelerate_config and not has_cuda():
+        put("distributed.accelerate_config", None)
+        lines.append(f"{cfg.distributed.accelerate_config} (GPU processes) needs CUDA: rehearsed as plain data "
+                     "parallel on gloo")  # fmt: skip
+    if cfg.distributed.num_processes > MAX_PROCESSES:
+        put("distributed.num_processes", MAX_PROCESSES)
+    if cfg.monitors.fail_fast or cfg.monitors.sft_not_learned == "error":
+        put("monitors.fail_fast", False)
+        put("monitors.sft_not_learned", "warn")
+        lines.append("fatal health alarms: a model with random weights trips them, so they are reported, never fatal")
+    lines.append("memory and speed at the recipe's scale: benchmarks/gpu_throughput.py measures them on a GPU")
+    return lines
+
+
+def _shrink(cfg: PipelineConfig, put: Any) -> None:
+    """Rows, steps, batches and sequence lengths down to the rehearsal's scale (never up)."""
+    processes = min(cfg.distributed.num_processes, MAX_PROCESSES)
+    for field, n in ROWS.items():
+        have = getattr(cfg.data, field)
+        put(f"data.{field}", min(have, n) if have else 0)
+    put("grpo.rounds", min(cfg.grpo.rounds, MAX_ROUNDS))
+    for field, n in GRPO.items():
+        put(f"grpo.{field}", min(getattr(cfg.grpo, field), n))
+    # Batch fields are global and split evenly across processes (configs/schema.py checks it).
+    put("grpo.prompts_per_step", processes * max(1, min(cfg.grpo.prompts_per_step, PROMPTS_PER_STEP) // processes))
+    if cfg.sft.enabled:
+        for field, n in SFT.items():
+            have = getattr(cfg.sft, field)
+            put(f"sft.{field}", n if have < 0 else min(have, n))  # max_steps -1: by epochs
+        put("sft.batch_size", processes * max(1, min(cfg.sft.batch_size, SFT_BATCH) // processes))
+        put("sft.stop_at_accuracy", None)
+    put("eval.max_problems", min(cfg.eval.max_problems or EVAL["max_problems"], EVAL["max_problems"]))
+    for field in ("max_new_tokens", "batch_size"):
+        put(f"eval.{field}", min(getattr(cfg.eval, field), EVAL[field]))
+    gate_k = _k_of(cfg.registry.gating_metric)
+    n = min(cfg.eval.n_samples, max(MAX_SAMPLES, gate_k))
+    put("eval.n_samples", n)
+    put("eval.k", sorted({k for k in cfg.eval.k if k <= n} | {1}))
+
+
+def _k_of(metric: str) -> int:
+    """The k of a `pass_at_<k>` / `maj_at_<k>` gating metric (1 for any other)."""
+    head, _, k = metric.rpartition("_at_")
+    return int(k) if head and k.isdigit() else 1
+
+
+def _stand_in(cfg: PipelineConfig) -> tuple[Path, str]:
+    """The tiny model of `cfg.model.base`'s family, built once per base, data and seed."""
+    from grpo_pipeline.tasks.data import load_source
+    from grpo_pipeline.tasks.training.family_model import build_family_model, family_of
+
+    family = family_of(cfg.model.base)
+    texts = _texts(load_source(cfg.data), cfg.data.system_prompt)
+    digest = hashlib.sha256(json.dumps([cfg.model.base, cfg.seed, texts]).encode()).hexdigest()[:12]
+    out = Path(cfg.run_dir) / "rehearsal" / "models" / f"{family.model_type}-{digest}"
+    if not (out / "config.json").is_file():
+        build_family_model(cfg.model.base, texts, out, cfg.seed)
+    return out, family.architecture
+
+
+def _texts(df: Any, system_prompt: str | None) -> list[str]:
+    """Every text the recipe's data holds (chat prompts by their messages' contents): the tokenizer's corpus."""
+    texts = [system_prompt] if system_prompt else []
+    for column in ("prompt", "answer", "completion"):
+        for value in df.get(column, []):
+            if not isinstance(value, str):
+                continue
+            messages = _messages(value) if column == "prompt" else None
+            texts += [m["content"] for m in messages] if messages else [value]
+    return texts
+
+
+def _messages(text: str) -> list[dict] | None:
+    if not text.startswith("["):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, list) and all(isinstance(m, dict) and "content" in m for m in value) else None
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, list | dict) else str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
