@@ -67,6 +67,26 @@ def test_imperfect_teacher_forgets_carries_in_sft_targets_only(tmp_path):
     validate_data(refs, cfg)
 
 
+def test_the_units_drill_is_sfts_alone(tmp_path):
+    """The drill adds the 100 one-digit additions at the task's width to SFT's rows only: GRPO's prompts (train),
+    the eval items and the probe never hold one, and its targets are right and written as real answers are."""
+    cfg = synthetic_cfg(**{"synthetic.min_digits": 2, "synthetic.units_drill": 3, "num_probe": 20})
+    refs = prepare_data(cfg, str(tmp_path / "a"))
+    train, sft = pd.read_parquet(refs.train.path), pd.read_parquet(refs.sft.path)
+    drill = sft.iloc[len(train) :]
+    pd.testing.assert_frame_equal(sft.iloc[: len(train)], train)  # SFT sees every training row, as before
+    assert len(drill) == 300 and drill["prompt"].nunique() == 100 and drill["prompt"].str.match(r"^0\d\+0\d=$").all()
+    assert_sums_are_right(drill)
+    assert (drill["completion"] == drill["answer"]).all() and drill["answer"].str.match(r"^(0|[1-9]\d*)$").all()
+    held = {*pd.read_parquet(refs.eval.path)["prompt"], *pd.read_parquet(refs.probe.path)["prompt"], *train["prompt"]}
+    assert not held & set(drill["prompt"])
+    assert refs.sft_train == refs.sft
+    plain = prepare_data(synthetic_cfg(**{"synthetic.min_digits": 2, "num_probe": 20}), str(tmp_path / "b"))
+    assert plain.sft is None and plain.sft_train == plain.train and plain.train.fingerprint == refs.train.fingerprint
+    with pytest.raises(ValueError, match="units_drill"):
+        synthetic_cfg(**{"synthetic.kind": "functions", "synthetic.units_drill": 1})
+
+
 def test_needs_carry():
     assert needs_carry("47+38=") and needs_carry("Q: 5+5=") and not needs_carry("41+38=")
     assert needs_carry("47-38=") is None
