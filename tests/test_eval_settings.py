@@ -146,3 +146,42 @@ def test_several_completions_need_a_temperature(tiny):
     tokenizer = AutoTokenizer.from_pretrained(model)
     with pytest.raises(ValueError, match="temperature"):
         generate(AutoModelForCausalLM.from_pretrained(model), tokenizer, ["1+1="], max_new_tokens=2, batch_size=4, n=4)
+
+
+# ----------------------------------------------------------------------------- the sampler a checkpoint ships
+
+
+INSTRUCT_DEFAULTS = {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
+
+
+def test_a_checkpoints_sampling_defaults_neither_change_the_scores_nor_go_unrecorded(tmp_path, tiny):
+    """An instruct checkpoint's generation_config (Qwen2.5-Instruct: repetition_penalty 1.05, top_k 20, ...) would
+    apply to every `generate` call that does not set those fields. Evaluation samples as GRPO training does (TRL:
+    top_k off, repetition_penalty 1.0), so the same weights score the same with or without those defaults, and the
+    result records the sampler applied and the defaults it did not apply."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from grpo_pipeline.tasks.scoring.generation import AS_IN_TRAINING, applied_settings, generation_kwargs
+
+    model, held_out = tiny
+    shipped = tmp_path / "instruct"
+    loaded = AutoModelForCausalLM.from_pretrained(model)
+    loaded.generation_config = GenerationConfig(**loaded.generation_config.to_diff_dict() | INSTRUCT_DEFAULTS)
+    loaded.save_pretrained(shipped)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (model / name).exists():
+            (shipped / name).write_bytes((model / name).read_bytes())
+    cfg = EvalConfig(n_samples=2, k=[1, 2], max_new_tokens=6, temperature=1.0)
+    plain = evaluate_model(str(model), held_out, cfg, seed=0, out=tmp_path / "eval-plain", label="plain")
+    instruct = evaluate_model(str(shipped), held_out, cfg, seed=0, out=tmp_path / "eval-instruct", label="instruct")
+    pd.testing.assert_series_equal(plain.items()["greedy"], instruct.items()["greedy"])
+    assert plain.items()["samples"].tolist() == instruct.items()["samples"].tolist()
+    sampled, greedy = instruct.generation["sampled"], instruct.generation["greedy"]
+    assert (sampled["temperature"], sampled["top_p"], sampled["repetition_penalty"]) == (1.0, 1.0, 1.0)
+    assert "top_k" not in sampled and greedy["do_sample"] is False and sampled["do_sample"] is True
+    assert instruct.generation["checkpoint_not_applied"] == INSTRUCT_DEFAULTS
+    assert "checkpoint_not_applied" not in plain.generation
+    # The record is transformers' own merge, not an echo of the arguments: without them the defaults would apply.
+    ours = generation_kwargs(max_new_tokens=6, n=1, temperature=1.0, top_p=1.0, pad=0, stop=[1])
+    echo = {k: v for k, v in ours.items() if k not in AS_IN_TRAINING}
+    assert applied_settings(AutoModelForCausalLM.from_pretrained(shipped), echo)["repetition_penalty"] == 1.05

@@ -61,6 +61,7 @@ def model_card(
         f"max new tokens {result.max_new_tokens}, seed {result.seed}; correct means "
         f"`{result.config.correctness_reward}` gives 1.0, reward code `{result.scorer_version or '?'}`)",
         "",
+        *generation_lines(result.generation),
         *score_table(result, baseline),
         "",
         result.unscored_line()
@@ -91,6 +92,25 @@ def model_card(
         "```",
     ]
     return "\n".join(lines) + "\n"
+
+
+def generation_lines(generation: dict) -> list[str]:
+    """The sampler the evaluation applied, and what the checkpoint's generation_config asked for that it did not."""
+    if not generation:
+        return []
+
+    def shown(settings: dict) -> str:
+        return ", ".join(f"{k}={v}" for k, v in settings.items())
+
+    lines = [
+        f"Sampler applied by `generate`: greedy {shown(generation['greedy'])}; sampled {shown(generation['sampled'])}."
+    ]
+    if generation.get("checkpoint_not_applied"):
+        lines.append(
+            f"The checkpoint's generation_config also asks for {shown(generation['checkpoint_not_applied'])}: not "
+            "applied, as GRPO training's rollouts do not apply it."
+        )
+    return [*lines, ""]
 
 
 def rehearsal_lines(tags: dict[str, str]) -> list[str]:

@@ -30,7 +30,7 @@ from grpo_pipeline.tasks.core.stage import (
     user_code_fingerprint,
 )
 from grpo_pipeline.tasks.scoring.chat import render_prompt
-from grpo_pipeline.tasks.scoring.generation import generate_with_ids
+from grpo_pipeline.tasks.scoring.generation import generate_with_ids, recorded_settings
 from grpo_pipeline.tasks.scoring.items import _mean, score_items
 from grpo_pipeline.tasks.scoring.metrics import bootstrap_ci
 from grpo_pipeline.tasks.sources.tables import read_table
@@ -83,6 +83,9 @@ class EvalResult(BaseModel):
     unscored_reason: str = ""
     # A hash of the code of the correctness reward and of the rewards in `rewards` (see `scorer_version`).
     scorer_version: str = ""
+    # The sampler as `generate` applied it (greedy and sampled) and what the checkpoint's generation_config asked for
+    # that evaluation did not apply (tasks/scoring/generation.py, `recorded_settings`); empty for older results.
+    generation: dict[str, Any] = {}
 
     def scored(self, metric: str) -> int:
         """Over how many items `metric` was computed (its denominator)."""
@@ -285,12 +288,17 @@ def evaluate_model(
         model, tokenizer, texts, **settings, n=cfg.n_samples, temperature=cfg.temperature, top_p=cfg.top_p,
         desc=f"eval {label} pass@k",
     )  # fmt: skip
+    generation = recorded_settings(
+        model, tokenizer, max_new_tokens=cfg.max_new_tokens, n=cfg.n_samples, temperature=cfg.temperature,
+        top_p=cfg.top_p,
+    )  # fmt: skip
     chat = texts != prompts
     items = score_items(
         rows, [g[0] for g in greedy], sampled, cfg, rewards, prompt_texts=texts if chat else None,
         greedy_ids=[g[0] for g in greedy_ids], sampled_ids=sampled_ids,
     )  # fmt: skip
     result = summarize(items, cfg, model_path, seed, held_out, out / ITEMS_FILE, rewards)
+    result = result.model_copy(update={"generation": generation})
     check_unscored(result, label)
     with atomic_dir(out) as tmp, open(tmp / ITEMS_FILE, "w") as f:
         for it in items:

@@ -11,6 +11,60 @@ from tqdm.auto import tqdm
 
 from grpo_pipeline.tasks.scoring.chat import decode_messages, render_prompt
 
+# Sampling settings evaluation always sets itself, at the values TRL's GRPOTrainer trains with (GRPOConfig's top_k 0
+# and repetition_penalty 1.0): `generate` would otherwise take them from the checkpoint's generation_config (Qwen2.5
+# Instruct ships repetition_penalty 1.05 and top_k 20), and the scores would come from another sampler than the
+# rollouts', unrecorded.
+AS_IN_TRAINING = {"top_k": None, "repetition_penalty": 1.0}
+# The fields of a generation config that change which tokens are drawn (recorded with every evaluation).
+SAMPLING_FIELDS = ("max_new_tokens", "do_sample", "num_beams", "temperature", "top_p", "top_k", "min_p", "typical_p",
+                   "epsilon_cutoff", "eta_cutoff", "repetition_penalty", "no_repeat_ngram_size", "bad_words_ids",
+                   "suppress_tokens", "begin_suppress_tokens")  # fmt: skip
+
+
+def generation_kwargs(
+    *, max_new_tokens: int, n: int, temperature: float | None, top_p: float, pad: int | None, stop: list[int]
+) -> dict[str, Any]:
+    """The arguments of every `generate` call here: greedy without a `temperature`, sampled with one."""
+    sample = temperature is not None
+    return {
+        "max_new_tokens": max_new_tokens,
+        "do_sample": sample,
+        "temperature": temperature if sample else None,
+        "top_p": top_p if sample else None,
+        **AS_IN_TRAINING,
+        "num_return_sequences": n,
+        "pad_token_id": pad,
+        "eos_token_id": stop,
+    }
+
+
+def applied_settings(model, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The sampling settings `generate(**kwargs)` actually uses on `model`: the kwargs over the checkpoint's own
+    generation_config over transformers' defaults, resolved by transformers' own merge (the one `generate` runs)."""
+    config, _ = model._prepare_generation_config(None, **kwargs)
+    return {f: getattr(config, f) for f in SAMPLING_FIELDS if getattr(config, f, None) is not None}
+
+
+def checkpoint_defaults(model) -> dict[str, Any]:
+    """What the checkpoint's generation_config sets for sampling beyond transformers' defaults (an instruct model's
+    temperature, top_k, repetition_penalty): recorded beside the settings applied, which override them."""
+    from transformers import GenerationConfig
+
+    plain, own = GenerationConfig(), model.generation_config
+    return {f: getattr(own, f) for f in SAMPLING_FIELDS if getattr(own, f, None) not in (None, getattr(plain, f, None))}
+
+
+def recorded_settings(model, tokenizer, *, max_new_tokens: int, n: int, temperature: float, top_p: float) -> dict:
+    """What an evaluation records of its sampler: the settings applied to its greedy and its sampled completions,
+    and what the checkpoint's generation_config asked for that was not applied (only where they differ)."""
+    common = {"max_new_tokens": max_new_tokens, "pad": tokenizer.pad_token_id, "stop": stop_token_ids(model, tokenizer)}
+    greedy = applied_settings(model, generation_kwargs(**common, n=1, temperature=None, top_p=1.0))
+    sampled = applied_settings(model, generation_kwargs(**common, n=n, temperature=temperature, top_p=top_p))
+    own = checkpoint_defaults(model)
+    overridden = {f: v for f, v in own.items() if sampled.get(f) != v or greedy.get(f) != v}
+    return {"greedy": greedy, "sampled": sampled, **({"checkpoint_not_applied": overridden} if overridden else {})}
+
 
 def stop_token_ids(model, tokenizer) -> list[int]:
     """The tokens that end a completion, as TRL's GRPOTrainer collects them: the tokenizer's EOS first, then the
@@ -49,10 +103,12 @@ def generate_with_ids(
     BOS a Llama-type tokenizer adds), a chat prompt as its template renders it (a template writes its own BOS)."""
     import torch
 
-    sample = temperature is not None
-    if n > 1 and not sample:
+    if n > 1 and temperature is None:
         raise ValueError(f"{n} completions per prompt need a sampling temperature; greedy ones would all be the same")
     stop = stop_token_ids(model, tokenizer)
+    settings = generation_kwargs(
+        max_new_tokens=max_new_tokens, n=n, temperature=temperature, top_p=top_p, pad=tokenizer.pad_token_id, stop=stop
+    )
     per_batch = max(1, batch_size // n)
     starts = range(0, len(prompts), per_batch)
     texts: list[list[str]] = []
@@ -63,17 +119,7 @@ def generate_with_ids(
         batch = [render_prompt(tokenizer, p) for p in chunk]
         enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=plain).to(model.device)
         with torch.no_grad():
-            gen = model.generate(
-                **enc,
-                max_new_tokens=max_new_tokens,
-                do_sample=sample,
-                temperature=temperature if sample else None,
-                top_p=top_p if sample else None,
-                top_k=None,
-                num_return_sequences=n,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=stop,
-            )
+            gen = model.generate(**enc, **settings)
         new = gen[:, enc["input_ids"].shape[1] :]
         decoded = tokenizer.batch_decode(new, skip_special_tokens=True)
         kept = [completion_ids(row, stop) for row in new.tolist()]
