@@ -1,14 +1,17 @@
 """One GRPO round as its own flow, `grpo-train`, for a work pool with GPUs (deployment `grpo-train/gpu`).
 
 The pipeline runs it through `run_deployment` when `grpo.work_pool` is set (`remote_grpo_train` below) and
-continues with the checkpoint it returns. The worker may sit on a machine without this one's disk: the round's
-checkpoint is published to its MLflow run (the tracking server serves artifacts), and the pipeline fetches it
-where the path is not local. The round's inputs (start checkpoint, training data, held-out probe rows) are published
-to MLflow before the round is sent, and the worker fetches those that are not on its disk.
+continues with the checkpoint it returns. The worker may sit on a machine that shares nothing with this one but the
+Prefect and MLflow servers: the round's inputs (start checkpoint, training data, held-out probe rows) are published
+to MLflow before the round is sent, and the worker fetches those that are not on its disk; the round's checkpoint is
+published to its MLflow run, with the checkpoint's description under a tag the pipeline chose (`hand_over`), and
+the pipeline reads it from there (`take_over`), fetching the weights where the path is not local. Prefect's result
+storage is not used: the worker needs none of the pipeline's.
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from prefect import flow
@@ -17,7 +20,7 @@ from prefect.deployments import run_deployment
 from grpo_pipeline.configs.schema import GRPOStageConfig, ModelConfig, MonitorsConfig
 from grpo_pipeline.runtime import add_import_paths, setup
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
-from grpo_pipeline.tasks.core.publish import materialize, publish, share_inputs
+from grpo_pipeline.tasks.core.publish import hand_over, materialize, publish, share_inputs, take_over
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.grpo import grpo_train, round_name
 
@@ -30,7 +33,7 @@ class RoundFailed(RuntimeError):
         self.state_name, self.message = state_name, message
 
 
-@flow(name="grpo-train", log_prints=False, persist_result=True)
+@flow(name="grpo-train", log_prints=False, persist_result=False)
 def grpo_train_flow(
     start: Checkpoint,
     train: Ref,
@@ -42,9 +45,11 @@ def grpo_train_flow(
     correctness_reward: str = "correctness",
     code_dir: str | None = None,
     monitors: MonitorsConfig | None = None,
+    handoff: str | None = None,
 ) -> Checkpoint:
     """Train one GRPO round from `start` and publish the checkpoint to MLflow (its `uri`); `monitors` sets its
-    training-health alarms, which come back with the checkpoint."""
+    training-health alarms, which come back with the checkpoint. With `handoff` (a token the sending pipeline
+    chose), the checkpoint is also left in MLflow under it, where the pipeline reads it back."""
     setup()
     add_import_paths(code_dir)  # the user's reward modules, beside the recipe
     # On a machine without the pipeline's disk, fetch the inputs the pipeline published (a no-op where they are here).
@@ -53,7 +58,10 @@ def grpo_train_flow(
     policy = grpo_train(
         start, train, cfg, model_cfg, round_index, ctx, held_out, correctness_reward, code_dir, monitors=monitors
     )
-    return publish(policy, ctx.run_dir, ctx.experiment)
+    policy = publish(policy, ctx.run_dir, ctx.experiment)
+    if handoff is not None:
+        hand_over(policy, handoff, ctx.run_dir)
+    return policy
 
 
 def remote_grpo_train(
@@ -71,9 +79,11 @@ def remote_grpo_train(
     """`grpo_train` through the deployment `grpo-train/<cfg.work_pool>`; waits for it and returns its checkpoint,
     fetched here when its path is not. A failed child fails this call with the child's error."""
     start, (train, held_out) = share_inputs(start, [train, held_out], ctx, round_name(round_index))
+    handoff = uuid.uuid4().hex  # names the round's result in MLflow
     params: dict[str, Any] = {
         "start": start, "train": train, "cfg": cfg, "model_cfg": model_cfg, "round_index": round_index, "ctx": ctx,
         "held_out": held_out, "correctness_reward": correctness_reward, "code_dir": code_dir, "monitors": monitors,
+        "handoff": handoff,
     }  # fmt: skip
     child = run_deployment(
         f"grpo-train/{cfg.work_pool}",
@@ -85,5 +95,4 @@ def remote_grpo_train(
     if not child.state or not child.state.is_completed():
         message = child.state.message if child.state else "no state"
         raise RoundFailed(round_index, cfg.work_pool, child.state_name or "without a state", message or "")
-    policy = Checkpoint.model_validate(child.state.result())
-    return materialize(policy, ctx.run_dir)
+    return take_over(handoff, ctx.run_dir, ctx.experiment)

@@ -8,6 +8,8 @@ also when a test failed.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -230,3 +232,55 @@ def test_a_failed_grpo_child_fails_the_pipeline_with_its_error(stack: Stack, tmp
     logs = api(stack, "POST", "/logs/filter", {"logs": {"flow_run_id": {"any_": [parent_id]}}, "limit": 200})
     assert any("reward exploded during training" in log["message"] for log in logs), [log["message"] for log in logs]
     assert "register-r1" not in {name for name in task_states(stack, parent_id)}
+
+
+def isolated_worker(stack: Stack, home: Path) -> tuple[subprocess.Popen, bool]:
+    """A `gpu` pool worker that shares nothing with the pipeline but the two servers' URLs: its own directory,
+    Prefect home and result storage and, where mount namespaces are allowed, the stack's state directory (the
+    pipeline's run directory and result storage) hidden under an empty tmpfs, and its result storage on a tmpfs of
+    its own that the pipeline cannot read."""
+    private = home / "private"
+    private.mkdir(parents=True)
+    env = {
+        **cli_env(
+            home, PREFECT_WORKER_QUERY_SECONDS="1", PREFECT_LOGGING_EXTRA_LOGGERS="grpo_pipeline"
+        ),  # as the image
+        "PREFECT_API_URL": stack.prefect_api_url,
+        "MLFLOW_TRACKING_URI": stack.mlflow_url,
+        "PREFECT_RESULTS_LOCAL_STORAGE_PATH": str(private / "results"),
+    }
+    worker = [str(BIN / "prefect"), "worker", "start", "--pool", "gpu", "--name", "isolated-gpu"]
+    mounts = 'for d in "$0" "$1"; do mount -t tmpfs tmpfs "$d" || exit 1; done; shift; exec "$@"'
+    hide = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", mounts, stack.state_dir, str(private)]
+    namespaces = subprocess.run([*hide[:5], "true"], capture_output=True).returncode == 0
+    log = open(home / "worker.log", "w")  # noqa: SIM115 (the worker's own; closed with the process)
+    proc = subprocess.Popen([*(hide if namespaces else []), *worker], cwd=home, env=env, stdout=log, stderr=log,
+                            start_new_session=True)  # fmt: skip
+    return proc, namespaces
+
+
+def test_a_gpu_worker_that_shares_nothing_but_the_two_urls(stack: Stack, tmp_path: Path) -> None:
+    """The round's inputs reach the worker through MLflow and its result comes back through MLflow: the worker
+    cannot read the pipeline's run directory and has its own Prefect result storage (runs last: it replaces the
+    stack's gpu worker)."""
+    from grpo_pipeline.stack import stop_services
+
+    gpu = [s for s in stack.services if s.name == "worker-gpu"]
+    stop_services(stack.model_copy(update={"services": gpu}))
+    worker, hidden = isolated_worker(stack, tmp_path / "worker")
+    try:
+        parent = run_deployment(stack, "grpo-pipeline/local", micro(stack, "grpo.work_pool=gpu", "seed=13"))
+        assert parent["state_type"] == "COMPLETED", parent["state"]
+        child = [r for r in flow_runs(stack, "grpo-train") if r["parameters"].get("ctx", {}).get("seed") == 13]
+        assert child and child[0]["state_type"] == "COMPLETED", child
+        assert worker.poll() is None, (tmp_path / "worker" / "worker.log").read_text()[-3000:]
+        worker_log = (tmp_path / "worker" / "worker.log").read_text()
+        assert child[0]["id"] in worker_log  # the isolated worker ran the round, not another
+        logs = api(stack, "POST", "/logs/filter", {"logs": {"flow_run_id": {"any_": [child[0]["id"]]}}, "limit": 200})
+        if hidden:  # the worker could not read the inputs, so it fetched them; and the pipeline fetched the round's
+            # weights from MLflow into its own run directory
+            assert [log for log in logs if log["message"].startswith("fetched runs:/")], [m["message"] for m in logs]
+            assert list((Path(stack.state_dir) / "runs" / "fetched").glob("*/model.safetensors"))
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=30)

@@ -99,3 +99,37 @@ def materialize(ref: R, run_dir: str) -> R:
                 raise ValueError(f"{ref.uri} has fingerprint {got[:12]}, expected {ref.fingerprint[:12]}")
         logger.info("fetched %s into %s", ref.uri, local)
     return ref.model_copy(update={"path": str(local)})
+
+
+# ----------------------------------------------------------------------------- a remote round's result
+
+HANDOFF_TAG = "grpo_pipeline.handoff"
+HANDOFF_FILE = "handoff/checkpoint.json"
+
+
+def hand_over(policy: Checkpoint, handoff: str, run_dir: str) -> None:
+    """Leave a published checkpoint (its `uri` set) for the flow that sent the round: its JSON in the policy's own
+    MLflow run, tagged `handoff`, so that the result travels through the tracking server both sides already use,
+    never through Prefect's result storage (which would have to be shared between the machines)."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri(run_dir))
+    client = mlflow.MlflowClient()
+    client.log_text(policy.run_id, policy.model_dump_json(), HANDOFF_FILE)
+    client.set_tag(policy.run_id, HANDOFF_TAG, handoff)  # last: a tagged run has its checkpoint
+
+
+def take_over(handoff: str, run_dir: str, experiment: str) -> Checkpoint:
+    """The checkpoint `hand_over` left under `handoff` (in `experiment`), fetched here where its path is not."""
+    import mlflow
+
+    experiment_id = configure_mlflow(run_dir, experiment)
+    client = mlflow.MlflowClient()
+    runs = client.search_runs([experiment_id], filter_string=f"tags.`{HANDOFF_TAG}` = '{handoff}'", max_results=2)
+    if len(runs) != 1:
+        raise RuntimeError(
+            f"the GRPO round's worker finished but {len(runs)} MLflow runs of experiment {experiment!r} carry its "
+            f"result (tag {HANDOFF_TAG}={handoff}); is the worker on the same MLflow tracking server?"
+        )
+    text = mlflow.artifacts.load_text(f"runs:/{runs[0].info.run_id}/{HANDOFF_FILE}")
+    return materialize(Checkpoint.model_validate_json(text), run_dir)
