@@ -173,11 +173,22 @@ def shared_args(output_dir: str, main: bool, seed: int, model_cfg: ModelConfig) 
         "seed": seed,
         "dataloader_num_workers": 0,
         "dataloader_pin_memory": has_cuda(),  # pinned memory needs an accelerator; torch warns on every loader
-        # transformers 5's name; TRL's configs default the deprecated `gradient_checkpointing` to True, and transformers
-        # warns on every config built with it alone.
-        "activation_checkpointing": True,
+        # TRL's configs default checkpointing on; transformers 5.2x renamed it `activation_checkpointing` and warns on
+        # every config built with the old name alone, which is all that releases before it know (vLLM's builds pin
+        # those).
+        checkpointing_arg(): True,
         **precision_args(model_cfg),
     }
+
+
+def checkpointing_arg() -> str:
+    """The name this transformers gives activation checkpointing in its TrainingArguments."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
 
 
 def checkpoint_args(resume: Path, save_every_steps: int, keep_checkpoints: int) -> dict[str, Any]:
