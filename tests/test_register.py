@@ -27,6 +27,7 @@ from grpo_pipeline.tasks.core.common import Checkpoint, Ref, fingerprint_path
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.core.tracking import configure_mlflow
 from grpo_pipeline.tasks.register import register_policy
+from grpo_pipeline.tasks.release.card import DESCRIPTION_LIMIT, version_description
 from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, EvalResult, evaluate_model, summarize
 from grpo_pipeline.tasks.scoring.items import item_id
 from grpo_pipeline.tasks.training.tiny_model import build_tiny_model
@@ -116,7 +117,13 @@ def test_first_version_is_a_loadable_mlflow_model_with_card_and_lineage(tracking
     version = MlflowClient().get_model_version("m", "1")
     assert "## Promotion gate" in version.description and "mlflow.transformers.load_model" in version.description
     local = Path(mlflow.artifacts.download_artifacts("models:/m/1", dst_path=str(tracking / "dl")))
-    assert (local / "MLmodel").exists() and (local / "README.md").read_text() == version.description
+    card = (local / "README.md").read_text()  # the whole card; the version's description is it without the config
+    assert (
+        (local / "MLmodel").exists()
+        and "## Resolved config" in card
+        and version.description == version_description(card)
+    )
+    assert len(version.description) <= DESCRIPTION_LIMIT and "## Resolved config" not in version.description
     tags = version.tags
     for tag in ("code_version", "torch_version", "transformers_version", "trl_version", "config_hash"):
         assert tags[tag], tag
@@ -313,3 +320,16 @@ def test_every_gating_metric_has_per_item_scores(tracking):
     assert list(item_metric(items, "accuracy").index) == items["id"].tolist()
     with pytest.raises(ValueError, match="no per-item scores"):
         item_metric(items, "f1")
+
+
+def test_a_version_description_fits_mlflows_column_whatever_the_card():
+    """MLflow stores a version's description in a VARCHAR(5000), which PostgreSQL enforces: the registration of a
+    real recipe's card (its resolved config alone is ~6,000 characters) failed there. The description keeps the card
+    up to its resolved config, and is cut at a line where even that is too long."""
+    card = "# m\n\n## Promotion gate\n**promoted**.\n\n## Resolved config\n```yaml\n" + "key: value\n" * 900 + "```\n"
+    short = version_description(card)
+    assert len(card) > DESCRIPTION_LIMIT >= len(short)
+    assert "**promoted**" in short and "key: value" not in short and "README.md of the logged model" in short
+    notes = "# m\n\n## Training notes\n" + "".join(f"- note {i}\n" for i in range(1000)) + "## Resolved config\nx\n"
+    cut = version_description(notes)
+    assert len(cut) <= DESCRIPTION_LIMIT and "- note 0\n" in cut and "- note 999" not in cut and "\n…\n" in cut

@@ -86,12 +86,29 @@ def model_card(
         f"Serve it: `{serve_line(cfg.model_name)}`, then POST `{json.dumps({'inputs': [prompt]})}` to "
         "http://127.0.0.1:5001/invocations (Content-Type: application/json).",
         "",
-        "## Resolved config",
+        CONFIG_HEADING,
         "```yaml",
         config_yaml.rstrip(),
         "```",
     ]
     return "\n".join(lines) + "\n"
+
+
+# MLflow keeps a model version's description in a VARCHAR(5000) column, which PostgreSQL and MySQL enforce (SQLite
+# does not): a longer description fails the registration there.
+DESCRIPTION_LIMIT = 5000
+CONFIG_HEADING = "## Resolved config"
+
+
+def version_description(card: str) -> str:
+    """The card as a model version's description: all of it but the resolved config (the run's `config.yaml` artifact
+    and the logged model's README.md have it), and cut at a line to MLflow's limit where it is still longer."""
+    head = card.split(f"\n{CONFIG_HEADING}\n", 1)[0].rstrip()
+    note = "\n\nThe whole card, resolved config included: README.md of the logged model (and config.yaml of its run).\n"
+    if len(head) + len(note) > DESCRIPTION_LIMIT:
+        cut = head[: DESCRIPTION_LIMIT - len(note) - 2].rsplit("\n", 1)[0]
+        head = cut + "\n…"
+    return head + note
 
 
 def generation_lines(generation: dict) -> list[str]:

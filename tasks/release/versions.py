@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from grpo_pipeline.configs.schema import RegistryConfig
 from grpo_pipeline.tasks.core.common import logger
+from grpo_pipeline.tasks.release.card import version_description
 from grpo_pipeline.tasks.release.gate import TAG, GateDecision, current_champion
 
 if TYPE_CHECKING:  # mlflow loads when a version is registered, not when the flow is imported
@@ -76,7 +77,7 @@ def regate(client: MlflowClient, version: ModelVersion, gate: GateDecision, card
     champion. The champion's version is written last: a retry interrupted half-way finds the old one and compares
     again."""
     new, last = gate.tags(), f"{TAG}champion_version"
-    client.update_model_version(version.name, version.version, description=card)
+    client.update_model_version(version.name, version.version, description=version_description(card))
     for key, value in new.items():
         if key != last:
             client.set_model_version_tag(version.name, version.version, key, value)
@@ -153,7 +154,7 @@ def create_gated_version(
         source=f"models:/{model_id}",
         run_id=run_id,
         tags={**tags, REGISTRATION_TAG: PENDING},
-        description=card,
+        description=version_description(card),
         model_id=model_id,
     )
     try:
