@@ -188,11 +188,32 @@ def serve(
     state_dir: StateDirOpt = None,
     prefect_port: Annotated[int, typer.Option(help="Prefect server port on 127.0.0.1 (0: any free port).")] = 4200,
     mlflow_port: Annotated[int, typer.Option(help="MLflow server port on 127.0.0.1 (0: any free port).")] = 5000,
+    prefect_db: Annotated[
+        str | None,
+        typer.Option(
+            help="PostgreSQL URL (postgresql://user:password@host:port/db) for the Prefect server's records; default: "
+            "$PREFECT_SERVER_DATABASE_CONNECTION_URL, else SQLite in the state directory."
+        ),
+    ] = None,
+    mlflow_db: Annotated[
+        str | None,
+        typer.Option(
+            help="PostgreSQL URL for the MLflow tracking server's runs and registry; default: "
+            "$GRPO_PIPELINE_MLFLOW_DB, else SQLite in the state directory. Artifacts stay in the state directory, "
+            "served over HTTP."
+        ),
+    ] = None,
 ) -> None:
     """Start the stack in the background: Prefect and MLflow servers, work pools, deployments, workers."""
     with console.status("starting the Prefect server, the MLflow server, work pools, deployments and workers"):
         try:
-            started = stack.serve(state_dir, prefect_port=prefect_port, mlflow_port=mlflow_port)
+            started = stack.serve(
+                state_dir,
+                prefect_port=prefect_port,
+                mlflow_port=mlflow_port,
+                prefect_db=prefect_db,
+                mlflow_db=mlflow_db,
+            )
         except stack.StackError as e:
             console.print(f"[red]error:[/red] {e}")
             raise typer.Exit(1) from None

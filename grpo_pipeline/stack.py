@@ -3,10 +3,12 @@
 
 `serve` starts every part in the background (each in its own process group, logging to `<state_dir>/logs/`) and
 returns once all of it is healthy; what it started (ports, pids, URLs) goes to `<state_dir>/stack.json`, so `stop`
-stops exactly that and `status` reports it. Prefect keeps its database under `<state_dir>/prefect` (SQLite, or
-PostgreSQL when PREFECT_SERVER_DATABASE_CONNECTION_URL is set, as Prefect documents); MLflow keeps runs in
-`<state_dir>/mlflow.db` and artifacts in `<state_dir>/mlartifacts`, served over HTTP (`--serve-artifacts`), so
-workers on other machines need no shared disk.
+stops exactly that and `status` reports it. The two servers keep their records in SQLite under `<state_dir>` by
+default, or in PostgreSQL, one setting each (`serve --prefect-db/--mlflow-db`, or the environment):
+PREFECT_SERVER_DATABASE_CONNECTION_URL (Prefect's own setting) and GRPO_PIPELINE_MLFLOW_DB, each a
+`postgresql://user:password@host:port/database` URL (the driver is added: asyncpg for Prefect, psycopg for MLflow).
+MLflow's artifacts stay in `<state_dir>/mlartifacts`, served over HTTP (`--serve-artifacts`), so workers on other
+machines need no shared disk.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ DEFAULT_STATE_DIR = ".grpo-stack"
 POOLS = ("cpu", "gpu")
 PREFECT_FILE = "deployments/prefect.yaml"
 HOST = "127.0.0.1"
+PREFECT_DB_ENV = "PREFECT_SERVER_DATABASE_CONNECTION_URL"
+MLFLOW_DB_ENV = "GRPO_PIPELINE_MLFLOW_DB"
+DRIVERS = {"prefect": "postgresql+asyncpg", "mlflow": "postgresql+psycopg"}
 
 
 class StackError(RuntimeError):
@@ -52,6 +57,8 @@ class Stack(BaseModel):
     prefect_api_url: str
     mlflow_url: str
     services: list[Service]
+    # Where each server keeps its records: "sqlite", or the PostgreSQL URL without its password.
+    databases: dict[str, str] = {}
 
     @property
     def prefect_ui_url(self) -> str:
@@ -107,14 +114,42 @@ def free_port() -> int:
 # ----------------------------------------------------------------------------- serve
 
 
+def database_url(url: str | None, server: str) -> str | None:
+    """`url` (a PostgreSQL URL, with or without a driver) as `server` ('prefect' or 'mlflow') opens it; None: SQLite.
+    Anything but PostgreSQL is refused with the fix."""
+    if not url:
+        return None
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.split("+")[0] not in ("postgresql", "postgres"):
+        setting = PREFECT_DB_ENV if server == "prefect" else MLFLOW_DB_ENV
+        raise StackError(
+            f"the {server} database URL {redacted(url)!r} ({setting}) is not a PostgreSQL URL; give "
+            "postgresql://user:password@host:port/database, or leave it unset for SQLite under the state directory"
+        )
+    return f"{DRIVERS[server]}://{rest}"
+
+
+def redacted(url: str) -> str:
+    """`url` without its password (for stack.json, status and errors)."""
+    scheme, sep, rest = url.partition("://")
+    credentials, at, location = rest.rpartition("@")
+    if not sep or not at or ":" not in credentials:
+        return url
+    return f"{scheme}://{credentials.split(':', 1)[0]}:***@{location}"
+
+
 def serve(
     state_dir: Path | None = None,
     project_dir: Path | None = None,
     prefect_port: int = 4200,
     mlflow_port: int = 5000,
     timeout_s: float = 180.0,
+    prefect_db: str | None = None,
+    mlflow_db: str | None = None,
 ) -> Stack:
-    """Start the whole stack and return once it is healthy; on any failure, stop what was started and raise."""
+    """Start the whole stack and return once it is healthy; on any failure, stop what was started and raise.
+    `prefect_db` / `mlflow_db`: PostgreSQL URLs for the servers' records (default: the environment's
+    PREFECT_SERVER_DATABASE_CONNECTION_URL / GRPO_PIPELINE_MLFLOW_DB, else SQLite under `state_dir`)."""
     state_dir = (state_dir or default_state_dir()).resolve()
     project_dir = (project_dir or Path.cwd()).resolve()
     if not (project_dir / PREFECT_FILE).is_file():
@@ -128,16 +163,23 @@ def serve(
     (state_dir / "logs").mkdir(parents=True, exist_ok=True)
     prefect_port = prefect_port or free_port()
     mlflow_port = mlflow_port or free_port()
+    prefect_db = database_url(prefect_db or os.environ.get(PREFECT_DB_ENV), "prefect")
+    mlflow_db = database_url(mlflow_db or os.environ.get(MLFLOW_DB_ENV), "mlflow")
     stack = Stack(
         state_dir=str(state_dir),
         project_dir=str(project_dir),
         prefect_api_url=f"http://{HOST}:{prefect_port}/api",
         mlflow_url=f"http://{HOST}:{mlflow_port}",
         services=[],
-    )
+        databases={"prefect": redacted(prefect_db) if prefect_db else "sqlite",
+                   "mlflow": redacted(mlflow_db) if mlflow_db else "sqlite"},
+    )  # fmt: skip
     env = stack_env(stack)
+    for key in (PREFECT_DB_ENV, MLFLOW_DB_ENV):  # only a server gets a database URL, and only the one chosen here
+        env.pop(key, None)
+    databases = {"prefect": prefect_db, "mlflow": mlflow_db or f"sqlite:///{state_dir / 'mlflow.db'}"}
     try:
-        _start_servers(stack, env, prefect_port, mlflow_port, timeout_s)
+        _start_servers(stack, env, prefect_port, mlflow_port, timeout_s, databases)
         for pool in POOLS:
             _cli(["prefect", "work-pool", "create", pool, "--type", "process", "--overwrite"], env, project_dir)
         _cli(["prefect", "--no-prompt", "deploy", "--prefect-file", PREFECT_FILE, "--all"], env, project_dir)
@@ -168,16 +210,21 @@ def stack_env(stack: Stack) -> dict[str, str]:
     return env
 
 
-def _start_servers(stack: Stack, env: Mapping[str, str], prefect_port: int, mlflow_port: int, timeout_s: float) -> None:
+def _start_servers(
+    stack: Stack, env: Mapping[str, str], prefect_port: int, mlflow_port: int, timeout_s: float,
+    databases: Mapping[str, str | None],
+) -> None:  # fmt: skip
+    """The two servers, each given its database in its own environment (never on a command line `ps` shows)."""
     state = Path(stack.state_dir)
     prefect = ["prefect", "server", "start", "--host", HOST, "--port", str(prefect_port)]
-    stack.services.append(_spawn("prefect-server", prefect, env, stack))
+    prefect_env = {**env, **({PREFECT_DB_ENV: databases["prefect"]} if databases["prefect"] else {})}
+    stack.services.append(_spawn("prefect-server", prefect, prefect_env, stack))
     mlflow = [
         "mlflow", "server", "--host", HOST, "--port", str(mlflow_port), "--workers", "1",
-        "--backend-store-uri", f"sqlite:///{state / 'mlflow.db'}",
         "--artifacts-destination", str(state / "mlartifacts"), "--serve-artifacts",
     ]  # fmt: skip
-    stack.services.append(_spawn("mlflow-server", mlflow, env, stack))
+    mlflow_env = {**env, "MLFLOW_BACKEND_STORE_URI": databases["mlflow"]}
+    stack.services.append(_spawn("mlflow-server", mlflow, mlflow_env, stack))
     wait_healthy(stack.services[0], f"{stack.prefect_api_url}/health", timeout_s)
     wait_healthy(stack.services[1], f"{stack.mlflow_url}/health", timeout_s)
 
@@ -291,6 +338,8 @@ def status_lines(stack: Stack | None) -> list[str]:
         return ["no stack recorded; start one with `grpo-pipeline serve`"]
     alive = stack.alive()
     lines = [f"Prefect UI {stack.prefect_ui_url}", f"MLflow UI  {stack.mlflow_url}"]
+    if stack.databases:
+        lines.append("databases: " + ", ".join(f"{server} {db}" for server, db in stack.databases.items()))
     lines += [f"{s.name:15} pid {s.pid:<8} {'running' if alive[s.name] else 'STOPPED'}" for s in stack.services]
     return lines
 

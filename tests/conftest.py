@@ -133,3 +133,62 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             os.killpg(proc.pid, 9)
             proc.wait()
         log.close()
+
+
+@dataclass(frozen=True)
+class Postgres:
+    """A private PostgreSQL server on loopback (see the `postgres` fixture)."""
+
+    url: str  # postgresql://grpo@127.0.0.1:<port>, without a database
+
+    def new_database(self, name: str) -> str:
+        """Create the empty database `name`; returns its URL."""
+        import psycopg
+
+        with psycopg.connect(f"{self.url}/postgres", autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return f"{self.url}/{name}"
+
+
+def postgres_bindir() -> Path | None:
+    """PostgreSQL's server programs (initdb, pg_ctl): pg_config's bindir, else Debian's versioned directory."""
+    found = shutil.which("pg_config")
+    if found:
+        out = subprocess.run([found, "--bindir"], capture_output=True, text=True)
+        if out.returncode == 0 and (Path(out.stdout.strip()) / "initdb").exists():
+            return Path(out.stdout.strip())
+    candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    return candidates[-1].parent if candidates else None
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    """A PostgreSQL server of the session's own (initdb in a temporary directory, trust authentication, loopback
+    only), stopped at the end of the session even when tests failed. PostgreSQL refuses to run as root: as root it
+    runs as the `postgres` user that Debian's package creates (.ci/run installs it). Skipped, with the reason, where
+    the server programs are absent."""
+    from grpo_pipeline.stack import free_port
+
+    bindir = postgres_bindir()
+    if bindir is None:
+        pytest.skip("PostgreSQL's server programs (initdb, pg_ctl) are not installed; apt-get install postgresql")
+    base = Path(tempfile.mkdtemp(prefix="grpo-postgres-"))  # under /tmp: the postgres user can reach it
+    as_owner: list[str] = []
+    if os.geteuid() == 0:
+        shutil.chown(base, "postgres", "postgres")
+        as_owner = ["runuser", "-u", "postgres", "--"]
+    data, log, port = base / "data", base / "server.log", free_port()
+
+    def pg(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*as_owner, *args], capture_output=True, text=True, timeout=120)
+
+    init = pg(str(bindir / "initdb"), "-D", str(data), "-U", "grpo", "--auth=trust", "-E", "UTF8", "--no-sync")
+    assert init.returncode == 0, init.stdout + init.stderr
+    options = f"-p {port} -h 127.0.0.1 -k {base} -c fsync=off"
+    start = pg(str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, "-w", "start")
+    try:
+        assert start.returncode == 0, start.stdout + start.stderr + (log.read_text() if log.exists() else "")
+        yield Postgres(url=f"postgresql://grpo@127.0.0.1:{port}")
+    finally:
+        pg(str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop")
+        shutil.rmtree(base, ignore_errors=True)

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from grpo_pipeline.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[1]
 MICRO_MODEL = "micro-arith"  # the registered model of `run_pipeline`'s runs
@@ -84,3 +91,33 @@ def finished(proc: subprocess.CompletedProcess, summary: Path) -> dict:
     """The summary of a pipeline run that must have succeeded."""
     assert proc.returncode == 0, f"pipeline failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return json.loads(summary.read_text())
+
+
+@contextlib.contextmanager
+def serve_stack(tmp: Path, *serve_args: str) -> Iterator[Stack]:
+    """`grpo-pipeline serve` on free loopback ports with its state in `tmp` (more options in `serve_args`), workers
+    polling every second (the stack's default is 5 s, so a deployment run or its GRPO child waits less); stopped with
+    `grpo-pipeline stop` on the way out, checking that no process it started is left, also when a test failed."""
+    from grpo_pipeline.stack import Stack, pid_alive
+
+    state = tmp / "state"
+    env = cli_env(tmp, PREFECT_WORKER_QUERY_SECONDS="1")
+    bin_dir = Path(sys.executable).parent
+    serve = [str(bin_dir / "grpo-pipeline"), "serve", "--state-dir", str(state), "--prefect-port", "0",
+             "--mlflow-port", "0", *serve_args]  # fmt: skip
+    started: Stack | None = None
+    try:
+        proc = subprocess.run(serve, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+        if (state / "stack.json").exists():
+            started = Stack.model_validate_json((state / "stack.json").read_text())
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert started is not None
+        yield started
+    finally:
+        subprocess.run([str(bin_dir / "grpo-pipeline"), "stop", "--state-dir", str(state)], cwd=ROOT, env=env,
+                       timeout=120)  # fmt: skip
+        if started is not None:
+            deadline = time.monotonic() + 30
+            while any(pid_alive(s.pid) for s in started.services) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert not [s.name for s in started.services if pid_alive(s.pid)], "grpo-pipeline stop left processes"

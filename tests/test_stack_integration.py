@@ -13,13 +13,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from grpo_pipeline.stack import Stack, pid_alive
-from tests.helpers import ROOT, cli_env, micro_overrides
+from grpo_pipeline.stack import Stack
+from tests.helpers import ROOT, cli_env, micro_overrides, serve_stack
 
 pytestmark = pytest.mark.integration
 
@@ -28,36 +29,9 @@ MODEL = "stack-micro"
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory) -> Stack:
-    tmp = tmp_path_factory.mktemp("stack")
-    state = tmp / "state"
-    # workers poll every second (the stack's default is 5 s), so a deployment run or its GRPO child waits less
-    env = cli_env(tmp, PREFECT_WORKER_QUERY_SECONDS="1")
-    serve = [
-        str(BIN / "grpo-pipeline"),
-        "serve",
-        "--state-dir",
-        str(state),
-        "--prefect-port",
-        "0",
-        "--mlflow-port",
-        "0",
-    ]
-    started: Stack | None = None
-    try:
-        proc = subprocess.run(serve, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
-        if (state / "stack.json").exists():
-            started = Stack.model_validate_json((state / "stack.json").read_text())
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        assert started is not None
+def stack(tmp_path_factory) -> Iterator[Stack]:
+    with serve_stack(tmp_path_factory.mktemp("stack")) as started:
         yield started
-    finally:
-        subprocess.run([str(BIN / "grpo-pipeline"), "stop", "--state-dir", str(state)], cwd=ROOT, env=env, timeout=120)
-        if started is not None:
-            deadline = time.monotonic() + 30
-            while any(pid_alive(s.pid) for s in started.services) and time.monotonic() < deadline:
-                time.sleep(0.5)
-            assert not [s.name for s in started.services if pid_alive(s.pid)], "grpo-pipeline stop left processes"
 
 
 def prefect_cli(stack: Stack, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
