@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from grpo_pipeline.configs.base import Section
@@ -19,6 +21,14 @@ class EvalConfig(Section):
         ge=1,
         description="Sequences per generation batch: prompts x completions (a pass@k batch holds batch_size / "
         "n_samples prompts).",
+    )
+    backend: Literal["auto", "hf", "vllm"] = Field(
+        default="auto",
+        description="What generates the evaluated completions: 'vllm' (the vllm package: the gpu extra on CUDA, or "
+        "vLLM's CPU build), 'hf' (transformers' generate), 'auto' (vLLM where it is installed, else generate). Either "
+        "samples with these settings only, whatever the checkpoint's generation_config asks, tokenizes prompts as "
+        "training does and records the sampler it applied; a real model's evaluation is its slowest stage under "
+        "generate.",
     )
     correctness_reward: str = Field(
         default="correctness", description="The reward (name or dotted path) that decides if a completion is correct."

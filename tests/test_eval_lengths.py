@@ -115,3 +115,33 @@ def test_prompts_are_tokenized_as_training_tokenizes_them(tmp_path):
     bos, ab, cde = tokenizer.bos_token_id, tokenizer.convert_tokens_to_ids("ab"), tokenizer.convert_tokens_to_ids("cde")
     assert seen[0] == [bos, ab, cde]  # the plain prompt: the BOS the tokenizer adds, as in training
     assert seen[1][:3] == [bos, ab, cde] and seen[1].count(bos) == 1  # the chat prompt: the template's BOS, once
+
+
+def test_evaluation_tokenizes_its_chat_prompts_as_training_does(tmp_path, monkeypatch):
+    """Evaluation hands generation the stored prompts, not their rendered text: rendered chat is plain text to a
+    tokenizer, which would add its BOS before the template's own (two BOS tokens, never seen in training)."""
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer
+
+    from grpo_pipeline.tasks.scoring import generation
+
+    path = word_model(tmp_path / "model")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", tokenizer.bos_token_id)]
+    )
+    tokenizer.chat_template = "<s>{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    tokenizer.save_pretrained(path)
+    rows = pd.DataFrame({"prompt": ['[{"role": "user", "content": "ab cde"}]', "ab cde"], "answer": ["q", "q"]})
+    rows.to_parquet(tmp_path / "eval.parquet")
+    held_out = Ref(path=str(tmp_path / "eval.parquet"), fingerprint=fingerprint_path(tmp_path / "eval.parquet"))
+    seen: list[list[int]] = []
+    real = generation.prompt_ids
+    monkeypatch.setattr(
+        generation, "prompt_ids", lambda tok, prompts: seen.extend(real(tok, prompts)) or real(tok, prompts)
+    )
+    cfg = EvalConfig(n_samples=1, k=[1], max_new_tokens=2, backend="hf", max_unscored_fraction=1.0)
+    evaluate_model(str(path), held_out, cfg, seed=0, out=tmp_path / "eval")
+    bos, ab, cde = tokenizer.bos_token_id, tokenizer.convert_tokens_to_ids("ab"), tokenizer.convert_tokens_to_ids("cde")
+    assert seen[0][:3] == [bos, ab, cde] and seen[0].count(bos) == 1, seen[0]  # the template's BOS, once
+    assert seen[1] == [bos, ab, cde]  # the plain prompt: the BOS the tokenizer adds, as in training

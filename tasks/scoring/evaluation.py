@@ -11,6 +11,7 @@ by item (tasks/release/gate.py), and `grpo-pipeline eval` runs `evaluate_model` 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ from grpo_pipeline.tasks.scoring.chat import render_prompt
 from grpo_pipeline.tasks.scoring.generation import generate_with_ids, recorded_settings
 from grpo_pipeline.tasks.scoring.items import _mean, score_items
 from grpo_pipeline.tasks.scoring.metrics import bootstrap_ci
+from grpo_pipeline.tasks.scoring.vllm_generation import VLLMGenerator, context_length, uses_vllm
 from grpo_pipeline.tasks.sources.tables import read_table
 from grpo_pipeline.tasks.training.trainer import load_tokenizer
 
@@ -277,21 +279,25 @@ def evaluate_model(
         raise ValueError(f"no eval rows to score {model_path} on")
     tokenizer = load_tokenizer(model_path)
     tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(model_path)
-    model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
-    prompts = rows["prompt"].tolist()
+    prompts = rows["prompt"].tolist()  # stored prompts (chat messages as they are), tokenized as training does
     texts = [render_prompt(tokenizer, p) for p in prompts]  # a chat prompt as the model reads it
-    settings = {"max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size}
+    sampling = {"n": cfg.n_samples, "temperature": cfg.temperature, "top_p": cfg.top_p}
     torch.manual_seed(seed)
-    greedy, greedy_ids = generate_with_ids(model, tokenizer, texts, **settings, desc=f"eval {label} greedy")
-    sampled, sampled_ids = generate_with_ids(
-        model, tokenizer, texts, **settings, n=cfg.n_samples, temperature=cfg.temperature, top_p=cfg.top_p,
-        desc=f"eval {label} pass@k",
-    )  # fmt: skip
-    generation = recorded_settings(
-        model, tokenizer, max_new_tokens=cfg.max_new_tokens, n=cfg.n_samples, temperature=cfg.temperature,
-        top_p=cfg.top_p,
-    )  # fmt: skip
+    if uses_vllm(cfg.backend):
+        engine = VLLMGenerator(model_path, tokenizer, seed, max_len=context_length(model_path))
+        generation = engine.recorded(max_new_tokens=cfg.max_new_tokens, **sampling)
+        generate = engine.generate_with_ids
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_path)
+        model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
+        generation = {
+            "backend": "hf",
+            **recorded_settings(model, tokenizer, max_new_tokens=cfg.max_new_tokens, **sampling),
+        }
+        generate = functools.partial(generate_with_ids, model, tokenizer)
+    settings = {"max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size}
+    greedy, greedy_ids = generate(prompts, **settings, desc=f"eval {label} greedy")
+    sampled, sampled_ids = generate(prompts, **settings, **sampling, desc=f"eval {label} pass@k")
     chat = texts != prompts
     items = score_items(
         rows, [g[0] for g in greedy], sampled, cfg, rewards, prompt_texts=texts if chat else None,

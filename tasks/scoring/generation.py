@@ -114,10 +114,8 @@ def generate_with_ids(
     texts: list[list[str]] = []
     ids: list[list[list[int]]] = []
     for start in tqdm(starts, desc=desc, unit="batch", leave=False, disable=len(starts) <= 1):
-        chunk = prompts[start : start + per_batch]
-        plain = all(decode_messages(p) is None for p in chunk)
-        batch = [render_prompt(tokenizer, p) for p in chunk]
-        enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=plain).to(model.device)
+        batch = prompt_ids(tokenizer, prompts[start : start + per_batch])
+        enc = tokenizer.pad({"input_ids": batch}, padding=True, return_tensors="pt").to(model.device)
         with torch.no_grad():
             gen = model.generate(**enc, **settings)
         new = gen[:, enc["input_ids"].shape[1] :]
@@ -126,6 +124,17 @@ def generate_with_ids(
         texts.extend(decoded[i * n : (i + 1) * n] for i in range(len(batch)))
         ids.extend(kept[i * n : (i + 1) * n] for i in range(len(batch)))
     return texts, ids
+
+
+def prompt_ids(tokenizer, prompts: Sequence[Any]) -> list[list[int]]:
+    """Each prompt's token ids as TRL's GRPOTrainer tokenizes it: a plain prompt with the tokenizer's special tokens
+    (the BOS a Llama-type tokenizer adds), a chat prompt (messages) as its template renders it, without adding any
+    (a template writes its own BOS). Pass the stored prompts, not rendered text: rendered chat is plain text."""
+    ids = []
+    for prompt in prompts:
+        chat = decode_messages(prompt) is not None
+        ids.append(tokenizer(render_prompt(tokenizer, prompt), add_special_tokens=not chat)["input_ids"])
+    return ids
 
 
 def generate(
