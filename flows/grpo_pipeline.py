@@ -46,7 +46,7 @@ from grpo_pipeline.tasks.sft_check import SFTNotLearnedError
 from grpo_pipeline.tasks.sft_check import check_sft as _check_sft
 from grpo_pipeline.tasks.sources import DataError
 from grpo_pipeline.tasks.training.monitor import TrainingHealthError
-from grpo_pipeline.tasks.training.trainer import check_model_runtime
+from grpo_pipeline.tasks.training.trainer import check_model_runtime, check_vllm_runtime
 from grpo_pipeline.tasks.validate import DataValidationError
 from grpo_pipeline.tasks.validate import validate_data as _validate_data
 
@@ -187,6 +187,7 @@ def grpo_pipeline(
     setup(cfg)
     check_config(cfg)  # run dir, rewards, base model path: fail before any stage runs
     check_model_runtime(cfg.model)  # 4-bit weights need CUDA
+    check_vllm_runtime(cfg.grpo)  # so do vLLM rollouts
     ctx, run = RunContext.of(cfg), Stages()
 
     data = run("prepare_data", prepare_data, cfg=cfg.data, run_dir=cfg.run_dir)

@@ -262,3 +262,16 @@ def test_benchmark_model_has_qwen25_05b_shape(tmp_path):
     assert len(tokenizer) == 300 and tokenizer.decode([299]) == "<x299>"
     model = Qwen2ForCausalLM.from_pretrained(out)
     assert model.config.model_type == "qwen2" and model.config.vocab_size == 300
+
+
+def test_vllm_rollouts_without_cuda_are_refused_before_anything_runs():
+    """GRPO loads the policy into vLLM after every step; vLLM's CPU build cannot take weights in place (it repacks
+    them; tests/test_vllm.py shows it) and `trl vllm-serve` needs NCCL. Asking for it here is one clear error;
+    `auto` generates with transformers and says so."""
+    from grpo_pipeline.tasks.training.trainer import check_vllm_runtime
+
+    if _has_cuda():
+        pytest.skip("this machine has CUDA, where vLLM rollouts run")
+    with pytest.raises(ConfigError, match=r"grpo\.use_vllm=true needs a CUDA GPU.*grpo\.use_vllm=auto"):
+        check_vllm_runtime(load_config(GSM8K, ["grpo.use_vllm=true"]).grpo)
+    check_vllm_runtime(load_config(GSM8K).grpo)  # auto: no error
