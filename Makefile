@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # fixtures are built once), the slowest files first (tests/conftest.py). PYTEST_WORKERS=1 runs them in one process.
 PYTEST_WORKERS ?= auto
 
-.PHONY: run test test-fast lint install serve stop status clean
+.PHONY: run test test-fast test-vllm lint install serve stop status clean
 
 # bubblewrap isolates model-written programs in the code reward's sandbox (docs/rewards.md); without it, as root,
 # the sandbox refuses to run them. Installed where we can (root on Debian/Ubuntu); never fails the install.
@@ -51,6 +51,15 @@ test: install lint
 	$(BIN)/python -m pytest -q $(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 # Unit tests only: no server, no sandbox, no pipeline run (well under a minute).
+# The vLLM tier: vLLM's CPU build in its own environment (.venv-vllm; tests/vllm_env.sh says why), evaluation
+# through vLLM and the limits of vLLM without CUDA (tests/test_vllm.py).
+VLLM_VENV ?= .venv-vllm
+$(VLLM_VENV)/.installed: pyproject.toml tests/vllm_env.sh
+	bash tests/vllm_env.sh $(PYTHON) $(VLLM_VENV) $(TORCH_VERSION)
+
+test-vllm: $(VLLM_VENV)/.installed
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm.py $(PYTEST_ARGS)
+
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not integration" $(PYTEST_ARGS)
 

@@ -38,8 +38,10 @@ setup()
 # workers finish together instead of one starting the stack tests while the other has nothing left; the other files
 # follow in their usual order. A stale number costs balance, never a result.
 SLOWEST_FIRST = {
+    "test_stack_integration.py": 370,
     "test_pipeline_integration.py": 280,
-    "test_stack_integration.py": 280,
+    "test_stack_postgres.py": 230,
+    "test_rehearse.py": 200,
     "test_resume.py": 160,
     "test_resilience.py": 145,
     "test_difficulty.py": 135,

@@ -1,0 +1,97 @@
+"""The vLLM tier (`make test-vllm`, its own environment .venv-vllm with vLLM's CPU build; skipped elsewhere):
+evaluation generates through vLLM as through transformers (same prompts and tokens, same items, the sampler
+recorded), `auto` picks vLLM where it is installed, and GRPO's vLLM rollouts, which need CUDA, are refused in one
+line, because vLLM's CPU engine cannot take weights in place (shown here, so a release that can is noticed)."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="the vLLM tier runs in .venv-vllm: make test-vllm")
+
+from grpo_pipeline.configs.schema import ConfigError, EvalConfig, load_config
+from grpo_pipeline.tasks.core.common import Checkpoint
+from grpo_pipeline.tasks.data import prepare_data
+from grpo_pipeline.tasks.model import prepare_base_model
+from grpo_pipeline.tasks.scoring.evaluation import evaluate_model
+from grpo_pipeline.tasks.scoring.vllm_generation import uses_vllm
+from grpo_pipeline.tasks.training.trainer import check_vllm_runtime
+
+
+@pytest.fixture(scope="module")
+def taught(tmp_path_factory) -> tuple[Checkpoint, object]:
+    """The embedded tiny model after a short SFT (so that its greedy completions are not near-ties), and its data."""
+    from grpo_pipeline.tasks.core.stage import RunContext
+    from grpo_pipeline.tasks.sft import sft_warmup
+
+    run_dir = tmp_path_factory.mktemp("vllm")
+    cfg = load_config(None, [f"run_dir={run_dir}", "data.num_train=2000", "data.num_eval=48", "data.num_probe=0",
+                             "sft.max_steps=300", "sft.batch_size=32", "sft.learning_rate=3e-3"])  # fmt: skip
+    data = prepare_data(cfg.data, cfg.run_dir)
+    base = prepare_base_model(cfg.model, cfg.run_dir, cfg.seed)
+    return sft_warmup(base, data.train, cfg.sft, cfg.model, RunContext.of(cfg)), data
+
+
+def test_evaluation_through_vllm_scores_as_generate_does(taught, tmp_path: Path) -> None:
+    policy, data = taught
+    results = {}
+    for backend in ("hf", "vllm"):
+        cfg = EvalConfig(n_samples=4, k=[1, 4], max_new_tokens=5, backend=backend)
+        results[backend] = evaluate_model(policy.path, data.eval, cfg, seed=0, out=tmp_path / backend, label=backend)
+    hf, vllm = results["hf"].items(), results["vllm"].items()
+    assert list(hf.columns) == list(vllm.columns) and (hf["prompt"] == vllm["prompt"]).all()
+    assert (hf["greedy"] == vllm["greedy"]).mean() >= 0.95  # greedy decoding: the same text (float ties aside)
+    assert vllm["samples"].map(len).eq(4).all()
+    assert abs(results["hf"].accuracy - results["vllm"].accuracy) <= 0.05
+    record = results["vllm"].generation
+    assert record["backend"] == "vllm" and record["greedy"]["temperature"] == 0.0
+    assert (record["sampled"]["n"], record["sampled"]["temperature"], record["sampled"]["repetition_penalty"]) == (
+        4, 1.0, 1.0,
+    )  # fmt: skip
+    assert results["hf"].generation["backend"] == "hf"
+
+
+def test_auto_evaluates_through_vllm_where_it_is_installed() -> None:
+    assert uses_vllm("auto") and uses_vllm("vllm") and not uses_vllm("hf")
+
+
+def test_grpo_rollouts_through_vllm_are_refused_without_cuda() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is here: vLLM rollouts run")
+    with pytest.raises(ConfigError, match="needs a CUDA GPU"):
+        check_vllm_runtime(load_config(None, ["grpo.use_vllm=true"]).grpo)
+
+
+def test_vllms_cpu_engine_cannot_load_weights_in_place(taught, tmp_path: Path, monkeypatch) -> None:
+    """Why GRPO needs CUDA for vLLM rollouts: after loading, the CPU engine replaces each linear layer's weight by a
+    packed copy without the loader that TRL's colocated weight sync calls. If a vLLM release keeps it, this test
+    fails: then GRPO with colocated vLLM can be allowed on CPU (tasks/training/trainer.py, check_vllm_runtime)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from vllm import LLM
+
+    policy, _ = taught
+    bf16 = tmp_path / "bf16"  # the dtype TRL's engine takes from a hub checkpoint's config
+    AutoModelForCausalLM.from_pretrained(policy.path, dtype=torch.bfloat16).save_pretrained(bf16)
+    AutoTokenizer.from_pretrained(policy.path).save_pretrained(bf16)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process, as TRL colocates it
+    llm = LLM(model=str(bf16), enforce_eager=True, max_model_len=64, seed=0)
+    name, weight = next(
+        (n, p) for n, p in AutoModelForCausalLM.from_pretrained(bf16).named_parameters() if "q_proj" in n
+    )
+    outcome = llm.apply_model(functools.partial(load_in_place, name, weight.detach()))
+    assert outcome == ["AttributeError: 'Parameter' object has no attribute 'weight_loader'"], outcome
+
+
+def load_in_place(name: str, weight, model) -> str:
+    """What TRL's colocated sync does with each parameter (trl/generation/vllm_generation.py, `sync_weights`)."""
+    try:
+        model.load_weights([(name, weight)])
+    except AttributeError as e:
+        return f"AttributeError: {e}"
+    return "loaded"
