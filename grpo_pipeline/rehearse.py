@@ -93,6 +93,7 @@ def _data_problem(cfg: PipelineConfig) -> str | None:
 
 def _replace_gpu_only(cfg: PipelineConfig, put: Any) -> list[str]:
     """Swap what needs CUDA for what runs here; one line each saying what was not rehearsed and what ran instead."""
+    from grpo_pipeline.tasks.scoring.vllm_generation import vllm_installed
     from grpo_pipeline.tasks.training.trainer import has_cuda, vllm_available
 
     lines = []
@@ -102,8 +103,12 @@ def _replace_gpu_only(cfg: PipelineConfig, put: Any) -> list[str]:
                      "full-precision weights")  # fmt: skip
     if cfg.grpo.use_vllm is not False and not vllm_available():
         put("grpo.use_vllm", False)
-        lines.append("vLLM generation (grpo.use_vllm) needs CUDA and the vllm package: rollouts and evaluation "
-                     "generated with transformers' generate")  # fmt: skip
+        lines.append("vLLM rollouts (grpo.use_vllm) need CUDA and the vllm package: GRPO generated with "
+                     "transformers' generate")  # fmt: skip
+    if cfg.eval.backend != "hf" and not vllm_installed():
+        lines.append(f"evaluation through vLLM (eval.backend: {cfg.eval.backend}): vllm is not installed here, so "
+                     "transformers' generate evaluated (make test-vllm's environment evaluates through vLLM's CPU "
+                     "build)")  # fmt: skip
     if cfg.model.dtype in ("bfloat16", "float16") and not has_cuda():
         lines.append(f"{cfg.model.dtype} autocast needs CUDA: training computed in float32")
     if cfg.distributed.accelerate_config and not has_cuda():
