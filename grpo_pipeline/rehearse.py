@@ -173,24 +173,16 @@ def _stand_in(cfg: PipelineConfig) -> tuple[Path, str]:
 
 def _texts(df: Any, system_prompt: str | None) -> list[str]:
     """Every text the recipe's data holds (chat prompts by their messages' contents): the tokenizer's corpus."""
+    from grpo_pipeline.tasks.scoring.chat import decode_messages
+
     texts = [system_prompt] if system_prompt else []
     for column in ("prompt", "answer", "completion"):
         for value in df.get(column, []):
             if not isinstance(value, str):
                 continue
-            messages = _messages(value) if column == "prompt" else None
-            texts += [m["content"] for m in messages] if messages else [value]
+            messages = decode_messages(value) if column == "prompt" else None
+            texts += [str(m["content"]) for m in messages] if messages else [value]
     return texts
-
-
-def _messages(text: str) -> list[dict] | None:
-    if not text.startswith("["):
-        return None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    return value if isinstance(value, list) and all(isinstance(m, dict) and "content" in m for m in value) else None
 
 
 def _short(value: Any) -> str:
