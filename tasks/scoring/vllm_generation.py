@@ -17,7 +17,7 @@ from grpo_pipeline.tasks.scoring.generation import checkpoint_defaults, completi
 
 # What the record of a vLLM sampler keeps (SamplingParams' fields that change which tokens are drawn).
 SAMPLING_FIELDS = ("max_tokens", "n", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                   "presence_penalty", "frequency_penalty", "seed")  # fmt: skip
+                   "presence_penalty", "frequency_penalty")  # fmt: skip
 
 
 def context_length(path: str) -> int:
@@ -61,7 +61,7 @@ class VLLMGenerator:
         # The checkpoint's own dtype, as transformers loads it: vLLM's "auto" would run a float32 checkpoint (a policy
         # as trained) in half precision, and its greedy completions would differ from generate's.
         self.dtype = str(checkpoint_dtype(path)).removeprefix("torch.")
-        self.llm = LLM(
+        self.llm = LLM(  # one seed for the engine: each request draws from its stream in turn, reproducibly
             model=path, seed=seed, max_model_len=max_len, enforce_eager=True, generation_config="vllm",
             dtype=self.dtype, **({"gpu_memory_utilization": 0.3} if torch.cuda.is_available() else {}),
         )  # fmt: skip
@@ -78,8 +78,8 @@ class VLLMGenerator:
             )
         return SamplingParams(
             n=n, temperature=temperature if sample else 0.0, top_p=top_p if sample else 1.0,
-            repetition_penalty=1.0, max_tokens=max_new_tokens, stop_token_ids=self.stop, seed=self.seed,
-            skip_special_tokens=True, detokenize=False,
+            repetition_penalty=1.0, max_tokens=max_new_tokens, stop_token_ids=self.stop, skip_special_tokens=True,
+            detokenize=False,
         )  # fmt: skip
 
     def generate_with_ids(
@@ -106,5 +106,5 @@ class VLLMGenerator:
         greedy = shown(self.params(max_new_tokens=max_new_tokens))
         sampled = shown(self.params(max_new_tokens=max_new_tokens, n=n, temperature=temperature, top_p=top_p))
         own = checkpoint_defaults(self.own)
-        return {"backend": "vllm", "dtype": self.dtype, "greedy": greedy, "sampled": sampled,
+        return {"backend": "vllm", "dtype": self.dtype, "seed": self.seed, "greedy": greedy, "sampled": sampled,
                 **({"checkpoint_not_applied": own} if own else {})}  # fmt: skip
