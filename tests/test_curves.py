@@ -60,18 +60,8 @@ class _CharTokenizer:
     padding_side = "right"
     pad_token_id = eos_token_id = 0
 
-    def __call__(self, texts, **kwargs):
-        import torch
-
-        assert self.padding_side == "left"
-        width = max(map(len, texts))
-        ids = torch.tensor([[0] * (width - len(t)) + [ord(c) for c in t] for t in texts])
-
-        class Enc(dict):
-            def to(self, device):
-                return self
-
-        return Enc(input_ids=ids, attention_mask=(ids != 0).long())
+    def __call__(self, text, **kwargs):
+        return {"input_ids": [ord(c) for c in text]}  # one text, unpadded, as a tokenizer returns it
 
     def batch_decode(self, ids, skip_special_tokens=True):
         return ["".join(chr(i) for i in row.tolist() if i) for row in ids]

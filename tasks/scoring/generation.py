@@ -115,7 +115,7 @@ def generate_with_ids(
     ids: list[list[list[int]]] = []
     for start in tqdm(starts, desc=desc, unit="batch", leave=False, disable=len(starts) <= 1):
         batch = prompt_ids(tokenizer, prompts[start : start + per_batch])
-        enc = tokenizer.pad({"input_ids": batch}, padding=True, return_tensors="pt").to(model.device)
+        enc = {k: v.to(model.device) for k, v in left_padded(batch, settings["pad_token_id"]).items()}
         with torch.no_grad():
             gen = model.generate(**enc, **settings)
         new = gen[:, enc["input_ids"].shape[1] :]
@@ -124,6 +124,17 @@ def generate_with_ids(
         texts.extend(decoded[i * n : (i + 1) * n] for i in range(len(batch)))
         ids.extend(kept[i * n : (i + 1) * n] for i in range(len(batch)))
     return texts, ids
+
+
+def left_padded(batch: list[list[int]], pad: int | None) -> dict[str, Any]:
+    """`batch` as a decoder-only model's generate takes it: padded on the left with `pad` (0 where the tokenizer has
+    no pad token: masked out either way), with the attention mask."""
+    import torch
+
+    width = max(map(len, batch))
+    ids = [[pad or 0] * (width - len(x)) + list(x) for x in batch]
+    mask = [[0] * (width - len(x)) + [1] * len(x) for x in batch]
+    return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)}
 
 
 def prompt_ids(tokenizer, prompts: Sequence[Any]) -> list[list[int]]:
