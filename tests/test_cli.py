@@ -2,6 +2,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -42,3 +43,18 @@ def test_importing_the_flow_loads_no_training_library():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_stacks_database_urls_get_their_driver_and_never_show_their_password():
+    from grpo_pipeline.stack import StackError, database_url, redacted
+
+    url = "postgresql://grpo:s3cret@db:5432/prefect"
+    assert database_url(url, "prefect") == "postgresql+asyncpg://grpo:s3cret@db:5432/prefect"
+    assert database_url("postgresql+psycopg2://grpo@db/mlflow", "mlflow") == "postgresql+psycopg://grpo@db/mlflow"
+    assert database_url(None, "mlflow") is None  # SQLite under the state directory
+    assert redacted(url) == "postgresql://grpo:***@db:5432/prefect" and redacted("postgresql://grpo@db/x").endswith(
+        "@db/x"
+    )
+    with pytest.raises(StackError, match=r"GRPO_PIPELINE_MLFLOW_DB\) is not a PostgreSQL URL") as err:
+        database_url("mysql://grpo:s3cret@db/mlflow", "mlflow")
+    assert "s3cret" not in str(err.value)
