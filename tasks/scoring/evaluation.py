@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -256,6 +256,23 @@ def check_unscored(result: EvalResult, label: str = "") -> None:
     )
 
 
+def generator(
+    model_path: str, tokenizer: Any, cfg: EvalConfig, sampling: dict[str, Any], seed: int
+) -> tuple[Callable[..., Any], dict]:
+    """What generates the evaluation's completions (`generate_with_ids`'s signature, bound to a model) by
+    `cfg.backend`, and the record of the sampler it applies with `sampling` (EvalResult.generation)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if uses_vllm(cfg.backend):
+        engine = VLLMGenerator(model_path, tokenizer, seed, max_len=context_length(model_path))
+        return engine.generate_with_ids, engine.recorded(max_new_tokens=cfg.max_new_tokens, **sampling)
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
+    record = recorded_settings(model, tokenizer, max_new_tokens=cfg.max_new_tokens, **sampling)
+    return functools.partial(generate_with_ids, model, tokenizer), {"backend": "hf", **record}
+
+
 def evaluate_model(
     model_path: str,
     held_out: Ref,
@@ -270,7 +287,6 @@ def evaluate_model(
     `out/items.jsonl` atomically and return the scores. Raises UnscoredError (and writes nothing) when more than
     `cfg.max_unscored_fraction` of the completions cannot be scored."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     rows = pd.read_parquet(held_out.require()) if held_out.path.endswith(".parquet") else read_table(held_out.path)
     if cfg.max_problems:
@@ -283,18 +299,7 @@ def evaluate_model(
     texts = [render_prompt(tokenizer, p) for p in prompts]  # a chat prompt as the model reads it
     sampling = {"n": cfg.n_samples, "temperature": cfg.temperature, "top_p": cfg.top_p}
     torch.manual_seed(seed)
-    if uses_vllm(cfg.backend):
-        engine = VLLMGenerator(model_path, tokenizer, seed, max_len=context_length(model_path))
-        generation = engine.recorded(max_new_tokens=cfg.max_new_tokens, **sampling)
-        generate = engine.generate_with_ids
-    else:
-        model = AutoModelForCausalLM.from_pretrained(model_path)
-        model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
-        generation = {
-            "backend": "hf",
-            **recorded_settings(model, tokenizer, max_new_tokens=cfg.max_new_tokens, **sampling),
-        }
-        generate = functools.partial(generate_with_ids, model, tokenizer)
+    generate, generation = generator(model_path, tokenizer, cfg, sampling, seed)
     settings = {"max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size}
     greedy, greedy_ids = generate(prompts, **settings, desc=f"eval {label} greedy")
     sampled, sampled_ids = generate(prompts, **settings, **sampling, desc=f"eval {label} pass@k")
