@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO))
 
 from grpo_pipeline.configs.schema import load_config  # noqa: E402
 from grpo_pipeline.tasks.scoring.generation import generate_with_ids  # noqa: E402
-from grpo_pipeline.tasks.scoring.vllm_generation import VLLMGenerator, context_length  # noqa: E402
+from grpo_pipeline.tasks.scoring.vllm_generation import VLLMGenerator  # noqa: E402
 from grpo_pipeline.tasks.sources.synthetic import synthetic_arithmetic  # noqa: E402
 from grpo_pipeline.tasks.training.tiny_model import build_tiny_model  # noqa: E402
 from grpo_pipeline.tasks.training.trainer import load_tokenizer  # noqa: E402
@@ -55,7 +55,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     path = args.model or str(build_tiny_model(load_config(None).model.tiny, Path(tempfile.mkdtemp()) / "tiny", 0))
     tokenizer = load_tokenizer(path)
@@ -76,7 +76,9 @@ def main() -> None:
     hf_sampled = timed(hf, **common, **sampled)
 
     start = time.perf_counter()
-    engine = VLLMGenerator(path, tokenizer, seed=0, max_len=min(context_length(path), 4096))
+    engine = VLLMGenerator(
+        path, tokenizer, seed=0, max_len=min(AutoConfig.from_pretrained(path).max_position_embeddings, 4096)
+    )
     vllm_ready = time.perf_counter() - start
     vllm_greedy = timed(engine.generate_with_ids, **common)
     vllm_sampled = timed(engine.generate_with_ids, **common, **sampled)

@@ -34,7 +34,7 @@ from grpo_pipeline.tasks.scoring.chat import render_prompt
 from grpo_pipeline.tasks.scoring.generation import generate_with_ids, recorded_settings
 from grpo_pipeline.tasks.scoring.items import _mean, score_items
 from grpo_pipeline.tasks.scoring.metrics import bootstrap_ci
-from grpo_pipeline.tasks.scoring.vllm_generation import VLLMGenerator, context_length, uses_vllm
+from grpo_pipeline.tasks.scoring.vllm_generation import VLLMGenerator, uses_vllm
 from grpo_pipeline.tasks.sources.tables import read_table
 from grpo_pipeline.tasks.training.trainer import load_tokenizer
 
@@ -265,7 +265,7 @@ def generator(
     from transformers import AutoModelForCausalLM
 
     if uses_vllm(cfg.backend):
-        engine = VLLMGenerator(model_path, tokenizer, seed, max_len=context_length(model_path))
+        engine = VLLMGenerator(model_path, tokenizer, seed)
         return engine.generate_with_ids, engine.recorded(max_new_tokens=cfg.max_new_tokens, **sampling)
     model = AutoModelForCausalLM.from_pretrained(model_path)
     model.to("cuda" if torch.cuda.is_available() else "cpu").eval()

@@ -103,8 +103,7 @@ def generate_with_ids(
     BOS a Llama-type tokenizer adds), a chat prompt as its template renders it (a template writes its own BOS)."""
     import torch
 
-    if n > 1 and temperature is None:
-        raise ValueError(f"{n} completions per prompt need a sampling temperature; greedy ones would all be the same")
+    require_temperature(n, temperature)
     stop = stop_token_ids(model, tokenizer)
     settings = generation_kwargs(
         max_new_tokens=max_new_tokens, n=n, temperature=temperature, top_p=top_p, pad=tokenizer.pad_token_id, stop=stop
@@ -124,6 +123,12 @@ def generate_with_ids(
         texts.extend(decoded[i * n : (i + 1) * n] for i in range(len(batch)))
         ids.extend(kept[i * n : (i + 1) * n] for i in range(len(batch)))
     return texts, ids
+
+
+def require_temperature(n: int, temperature: float | None) -> None:
+    """Several completions per prompt are samples: greedy ones would all be the same."""
+    if n > 1 and temperature is None:
+        raise ValueError(f"{n} completions per prompt need a sampling temperature; greedy ones would all be the same")
 
 
 def left_padded(batch: list[list[int]], pad: int | None) -> dict[str, Any]:

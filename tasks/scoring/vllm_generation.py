@@ -13,25 +13,17 @@ from types import SimpleNamespace
 from typing import Any
 
 from grpo_pipeline.configs.schema import ConfigError
-from grpo_pipeline.tasks.scoring.generation import checkpoint_defaults, completion_ids, prompt_ids, stop_token_ids
+from grpo_pipeline.tasks.scoring.generation import (
+    checkpoint_defaults,
+    completion_ids,
+    prompt_ids,
+    require_temperature,
+    stop_token_ids,
+)
 
 # What the record of a vLLM sampler keeps (SamplingParams' fields that change which tokens are drawn).
 SAMPLING_FIELDS = ("max_tokens", "n", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                    "presence_penalty", "frequency_penalty")  # fmt: skip
-
-
-def context_length(path: str) -> int:
-    """The longest sequence the checkpoint at `path` takes (its config's max_position_embeddings)."""
-    from transformers import AutoConfig
-
-    return int(getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 2048))
-
-
-def checkpoint_dtype(path: str) -> object:
-    """The dtype the checkpoint at `path` is stored in (its config's), float32 where it says none."""
-    from transformers import AutoConfig
-
-    return getattr(AutoConfig.from_pretrained(path), "dtype", None) or "float32"
 
 
 def vllm_installed() -> bool:
@@ -51,19 +43,22 @@ def uses_vllm(backend: str) -> bool:
 class VLLMGenerator:
     """One vLLM engine over the checkpoint at `path`, generating as `generate_with_ids` does."""
 
-    def __init__(self, path: str, tokenizer: Any, seed: int, max_len: int) -> None:
+    def __init__(self, path: str, tokenizer: Any, seed: int, max_len: int | None = None) -> None:
+        """`max_len`: the longest sequence the engine takes; the checkpoint's own (max_position_embeddings) if None."""
         import torch
-        from transformers import GenerationConfig
+        from transformers import AutoConfig, GenerationConfig
         from vllm import LLM
 
+        config = AutoConfig.from_pretrained(path)
         self.tokenizer = tokenizer
         self.seed = seed
         # The checkpoint's own dtype, as transformers loads it: vLLM's "auto" would run a float32 checkpoint (a policy
         # as trained) in half precision, and its greedy completions would differ from generate's.
-        self.dtype = str(checkpoint_dtype(path)).removeprefix("torch.")
+        self.dtype = str(getattr(config, "dtype", None) or "float32").removeprefix("torch.")
         self.llm = LLM(  # one seed for the engine: each request draws from its stream in turn, reproducibly
-            model=path, seed=seed, max_model_len=max_len, enforce_eager=True, generation_config="vllm",
-            dtype=self.dtype, **({"gpu_memory_utilization": 0.3} if torch.cuda.is_available() else {}),
+            model=path, seed=seed, max_model_len=max_len or config.max_position_embeddings, enforce_eager=True,
+            generation_config="vllm", dtype=self.dtype,
+            **({"gpu_memory_utilization": 0.3} if torch.cuda.is_available() else {}),
         )  # fmt: skip
         self.own = SimpleNamespace(generation_config=GenerationConfig.from_pretrained(path))
         self.stop = stop_token_ids(self.own, tokenizer)
@@ -71,11 +66,8 @@ class VLLMGenerator:
     def params(self, *, max_new_tokens: int, n: int = 1, temperature: float | None = None, top_p: float = 1.0) -> Any:
         from vllm import SamplingParams
 
+        require_temperature(n, temperature)
         sample = temperature is not None
-        if n > 1 and not sample:
-            raise ValueError(
-                f"{n} completions per prompt need a sampling temperature; greedy ones would all be the same"
-            )
         return SamplingParams(
             n=n, temperature=temperature if sample else 0.0, top_p=top_p if sample else 1.0,
             repetition_penalty=1.0, max_tokens=max_new_tokens, stop_token_ids=self.stop, skip_special_tokens=True,
