@@ -185,3 +185,14 @@ def test_a_checkpoints_sampling_defaults_neither_change_the_scores_nor_go_unreco
     ours = generation_kwargs(max_new_tokens=6, n=1, temperature=1.0, top_p=1.0, pad=0, stop=[1])
     echo = {k: v for k, v in ours.items() if k not in AS_IN_TRAINING}
     assert applied_settings(AutoModelForCausalLM.from_pretrained(shipped), echo)["repetition_penalty"] == 1.05
+
+
+def test_the_card_names_the_backend_that_sampled():
+    from grpo_pipeline.tasks.release.card import generation_lines
+
+    record = {"greedy": {"temperature": 0.0}, "sampled": {"n": 4, "temperature": 1.0}}
+    assert generation_lines({"backend": "vllm", **record})[0].startswith(
+        "Sampler applied by vLLM: greedy temperature=0.0"
+    )
+    assert generation_lines({"backend": "hf", **record})[0].startswith("Sampler applied by `generate`:")
+    assert generation_lines({}) == []

@@ -119,8 +119,9 @@ def generation_lines(generation: dict) -> list[str]:
     def shown(settings: dict) -> str:
         return ", ".join(f"{k}={v}" for k, v in settings.items())
 
+    engine = "vLLM" if generation.get("backend") == "vllm" else "`generate`"
     lines = [
-        f"Sampler applied by `generate`: greedy {shown(generation['greedy'])}; sampled {shown(generation['sampled'])}."
+        f"Sampler applied by {engine}: greedy {shown(generation['greedy'])}; sampled {shown(generation['sampled'])}."
     ]
     if generation.get("checkpoint_not_applied"):
         lines.append(
