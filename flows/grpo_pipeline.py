@@ -46,7 +46,8 @@ from grpo_pipeline.tasks.sft_check import SFTNotLearnedError
 from grpo_pipeline.tasks.sft_check import check_sft as _check_sft
 from grpo_pipeline.tasks.sources import DataError
 from grpo_pipeline.tasks.training.monitor import TrainingHealthError
-from grpo_pipeline.tasks.training.trainer import check_model_runtime, check_vllm_runtime
+from grpo_pipeline.tasks.training.trainer import check_model_runtime
+from grpo_pipeline.tasks.training.vllm_rollouts import check_vllm_runtime
 from grpo_pipeline.tasks.validate import DataValidationError
 from grpo_pipeline.tasks.validate import validate_data as _validate_data
 

@@ -27,6 +27,7 @@ from grpo_pipeline.tasks.core.stage import RunContext, stage, user_code
 from grpo_pipeline.tasks.scoring.chat import conversational_dataset
 from grpo_pipeline.tasks.training.health import RoundHealth
 from grpo_pipeline.tasks.training.trainer import adapter_args, load_split, train_policy, vllm_available
+from grpo_pipeline.tasks.training.vllm_rollouts import prepare_vllm_rollouts, rollout_engine
 
 if TYPE_CHECKING:  # the training libraries load when a round runs, not when a cached run imports the flow
     from transformers import PreTrainedTokenizerBase, TrainerCallback
@@ -166,12 +167,17 @@ def grpo_train(
     dataset = dataset.remove_columns([c for c in dataset.column_names if c == "completion"])  # SFT's target
     watch = health if monitors.enabled else None
     objective: dict[str, Any] = {}  # what TRL's trainer runs with, read back from it: the round's meta records it
+    # filled in during training, saved after it
+    meta = {"round": round_index, "alarms": health.alarms, "notes": health.notes, "objective": objective}
 
     def build(common: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> GRPOTrainer:
+        args = trl_grpo_args(cfg, common, weights, ctx.num_processes)
+        prepare_vllm_rollouts(args.use_vllm and args.vllm_mode == "colocate")
+        meta["rollouts"] = rollout_engine(args.use_vllm, args.vllm_mode)
         trainer = GRPOTrainer(
             model=start.path,
             reward_funcs=reward_fns,
-            args=trl_grpo_args(cfg, common, weights, ctx.num_processes),
+            args=args,
             train_dataset=conversational_dataset(dataset, tokenizer, start.path),
             processing_class=tokenizer,
             callbacks=round_callbacks(cfg, tokenizer, held_out, correctness_reward, watch, health.notes),
@@ -183,8 +189,6 @@ def grpo_train(
     policy = train_policy(
         start, ctx, model_cfg, stage=stage_name, seed=ctx.seed + round_index, out=out,
         tags={"stage": "grpo", "round": str(round_index), "data_fingerprint": train.fingerprint},
-        build=build, save_every_steps=cfg.save_every_steps, keep_checkpoints=cfg.keep_checkpoints,
-        # filled in during training, saved after it
-        meta={"round": round_index, "alarms": health.alarms, "notes": health.notes, "objective": objective},
+        build=build, save_every_steps=cfg.save_every_steps, keep_checkpoints=cfg.keep_checkpoints, meta=meta,
     )  # fmt: skip
     return policy.model_copy(update={"alarms": tuple(health.alarms), "notes": tuple(health.notes)})

@@ -264,14 +264,17 @@ def test_benchmark_model_has_qwen25_05b_shape(tmp_path):
     assert model.config.model_type == "qwen2" and model.config.vocab_size == 300
 
 
-def test_vllm_rollouts_without_cuda_are_refused_before_anything_runs():
-    """GRPO loads the policy into vLLM after every step; vLLM's CPU build cannot take weights in place (it repacks
-    them; tests/test_vllm.py shows it) and `trl vllm-serve` needs NCCL. Asking for it here is one clear error;
-    `auto` generates with transformers and says so."""
-    from grpo_pipeline.tasks.training.trainer import check_vllm_runtime
+def test_vllm_rollouts_that_cannot_run_here_are_refused_before_anything_runs():
+    """Colocated vLLM rollouts need the vllm package (a CUDA build, or vLLM's CPU build: tests/test_vllm.py trains
+    with it); a `trl vllm-serve` server needs CUDA (NCCL) whatever is installed. Each is one clear error; `auto`
+    generates with transformers where CUDA is absent."""
+    from grpo_pipeline.tasks.training.vllm_rollouts import check_vllm_runtime
 
     if _has_cuda():
         pytest.skip("this machine has CUDA, where vLLM rollouts run")
-    with pytest.raises(ConfigError, match=r"grpo\.use_vllm=true needs a CUDA GPU.*grpo\.use_vllm=auto"):
-        check_vllm_runtime(load_config(GSM8K, ["grpo.use_vllm=true"]).grpo)
+    with pytest.raises(ConfigError, match=r"grpo\.vllm_mode=server needs a CUDA GPU.*grpo\.vllm_mode=colocate"):
+        check_vllm_runtime(load_config(GSM8K, ["grpo.use_vllm=true", "grpo.vllm_mode=server"]).grpo)
+    if importlib.util.find_spec("vllm") is None:
+        with pytest.raises(ConfigError, match=r"grpo\.use_vllm=true needs the vllm package.*grpo\.use_vllm=auto"):
+            check_vllm_runtime(load_config(GSM8K, ["grpo.use_vllm=true"]).grpo)
     check_vllm_runtime(load_config(GSM8K).grpo)  # auto: no error

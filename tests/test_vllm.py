@@ -1,11 +1,13 @@
 """The vLLM tier (`make test-vllm`, its own environment .venv-vllm with vLLM's CPU build; skipped elsewhere):
 evaluation generates through vLLM as through transformers (same prompts and tokens, same items, the sampler
-recorded), `auto` picks vLLM where it is installed, and GRPO's vLLM rollouts, which need CUDA, are refused in one
-line, because vLLM's CPU engine cannot take weights in place (shown here, so a release that can is noticed)."""
+recorded), `auto` picks vLLM where it is installed, and GRPO trains with colocated vLLM rollouts sampled from the
+weights synced after each step (vLLM's CPU engine, as built, cannot take weights in place: shown here, with what
+tasks/training/vllm_rollouts.py does about it)."""
 
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ from grpo_pipeline.tasks.data import prepare_data
 from grpo_pipeline.tasks.model import prepare_base_model
 from grpo_pipeline.tasks.scoring.evaluation import evaluate_model
 from grpo_pipeline.tasks.scoring.vllm_generation import uses_vllm
-from grpo_pipeline.tasks.training.trainer import check_vllm_runtime
+from grpo_pipeline.tasks.training.vllm_rollouts import check_vllm_runtime
 
 
 @pytest.fixture(scope="module")
@@ -58,19 +60,60 @@ def test_auto_evaluates_through_vllm_where_it_is_installed() -> None:
     assert uses_vllm("auto") and uses_vllm("vllm") and not uses_vllm("hf")
 
 
-def test_grpo_rollouts_through_vllm_are_refused_without_cuda() -> None:
+def rollout_round(taught, run_dir: Path, name: str) -> tuple[dict, list[float]]:
+    """Four GRPO steps from the taught model with colocated vLLM rollouts, at a learning rate that moves the policy
+    a long way each step: the round's meta, and per step the mean |log p| gap between the policy TRL trains and the
+    engine that sampled (TRL's `sampling/sampling_logp_difference/mean`)."""
+    import mlflow
+
+    from grpo_pipeline.tasks.core.stage import RunContext
+    from grpo_pipeline.tasks.grpo import grpo_train
+
+    policy, data = taught
+    cfg = load_config(None, [f"run_dir={run_dir}", "grpo.use_vllm=true", "grpo.steps_per_round=4",
+                             "grpo.learning_rate=2e-3", "grpo.prompts_per_step=8", "grpo.generations_per_prompt=4",
+                             "grpo.save_every_steps=0", "grpo.log_every_steps=1", "grpo.keep=last",
+                             "grpo.keep_over_start=false"])  # fmt: skip
+    check_vllm_runtime(cfg.grpo)  # allowed: colocated rollouts run on vLLM's CPU build
+    ctx = RunContext(run_dir=str(run_dir), experiment="vllm-rollouts", recipe=name, seed=0)
+    trained = grpo_train(policy, data.train, cfg.grpo, cfg.model, 1, ctx, monitors=None)
+    gaps = mlflow.MlflowClient().get_metric_history(trained.run_id, "sampling/sampling_logp_difference/mean")
+    meta = json.loads((Path(trained.path) / "meta.json").read_text())
+    return meta, [m.value for m in sorted(gaps, key=lambda m: m.step)]
+
+
+def test_grpo_trains_with_colocated_vllm_rollouts_from_the_synced_weights(taught, tmp_path: Path, monkeypatch) -> None:
+    """The honest run: after every step the engine takes the policy's weights, so what it samples is scored by the
+    policy as the engine scored it (bf16 rounding aside). Its twin, with TRL's weight sync switched off, samples
+    from the first weights while the policy moves away: its gap grows, and the test tells the two apart."""
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    monkeypatch.setenv("DISABLE_MLFLOW_INTEGRATION", "FALSE")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    meta, synced = rollout_round(taught, tmp_path / "synced", "synced")
+    assert meta["rollouts"] == "vLLM colocated (CPU build, linear layers on live weights)" and meta["steps"] == 4
+    monkeypatch.setattr(VLLMGeneration, "sync_weights", lambda self: None)
+    _, stale = rollout_round(taught, tmp_path / "stale", "stale")
+    print(f"log p gap per step: synced {synced}, without the sync {stale}")
+    assert len(synced) == len(stale) == 4
+    assert synced[0] == pytest.approx(stale[0], abs=0.02)  # step 1: both engines hold the start weights
+    assert max(synced[1:]) < 0.1 < min(stale[1:])
+    assert max(synced[1:]) * 5 < min(stale[1:])
+
+
+def test_a_vllm_server_for_rollouts_is_refused_without_cuda() -> None:
     import torch
 
     if torch.cuda.is_available():
-        pytest.skip("CUDA is here: vLLM rollouts run")
+        pytest.skip("CUDA is here: a `trl vllm-serve` server takes the weights over NCCL")
     with pytest.raises(ConfigError, match="needs a CUDA GPU"):
-        check_vllm_runtime(load_config(None, ["grpo.use_vllm=true"]).grpo)
+        check_vllm_runtime(load_config(None, ["grpo.use_vllm=true", "grpo.vllm_mode=server"]).grpo)
 
 
 def test_vllms_cpu_engine_cannot_load_weights_in_place(taught, tmp_path: Path, monkeypatch) -> None:
-    """Why GRPO needs CUDA for vLLM rollouts: after loading, the CPU engine replaces each linear layer's weight by a
-    packed copy without the loader that TRL's colocated weight sync calls. If a vLLM release keeps it, this test
-    fails: then GRPO with colocated vLLM can be allowed on CPU (tasks/training/trainer.py, check_vllm_runtime)."""
+    """Why colocated rollouts on CPU keep the engine's linear layers unpacked (tasks/training/vllm_rollouts.py): as
+    vLLM builds it, the CPU engine replaces each linear layer's weight by a packed copy without the loader that
+    TRL's weight sync calls. If a vLLM release keeps it, this test fails, and that shim may go."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from vllm import LLM

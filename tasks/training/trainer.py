@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo_pipeline.configs.schema import ConfigError, GRPOStageConfig, ModelConfig
+from grpo_pipeline.configs.schema import ConfigError, ModelConfig
 from grpo_pipeline.tasks.core.common import Checkpoint, atomic_dir, fingerprint_path, logger, staging_path
 from grpo_pipeline.tasks.core.launch import LAUNCH_ID_ENV, is_main_process
 from grpo_pipeline.tasks.core.stage import RunContext
@@ -134,19 +134,6 @@ def check_model_runtime(model_cfg: ModelConfig) -> None:
         )
     if importlib.util.find_spec("bitsandbytes") is None:
         raise ConfigError("model.load_in_4bit needs bitsandbytes: pip install -e '.[gpu]'")
-
-
-def check_vllm_runtime(grpo: GRPOStageConfig) -> None:
-    """Refuse, before anything runs, GRPO rollouts through vLLM where they cannot work: without CUDA. GRPO loads the
-    policy's weights into the engine after every step, and neither vLLM's CPU build (it repacks its linear weights
-    for oneDNN after loading, dropping what loads them in place; tests/test_vllm.py) nor `trl vllm-serve` (NCCL) can
-    take them without a GPU. Evaluation through vLLM (eval.backend) works on CPU: it loads a checkpoint once."""
-    if grpo.use_vllm is True and not has_cuda():
-        raise ConfigError(
-            "grpo.use_vllm=true needs a CUDA GPU: GRPO loads the policy into the vLLM engine after every step, which "
-            "vLLM's CPU build (it repacks its linear weights) and `trl vllm-serve` (NCCL) cannot do without one; set "
-            "grpo.use_vllm=auto (transformers' generate here, vLLM where CUDA is) or false"
-        )
 
 
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
