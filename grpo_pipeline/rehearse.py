@@ -102,9 +102,7 @@ def _replace_gpu_only(cfg: PipelineConfig, put: Any) -> list[str]:
         lines.append("4-bit base weights (model.load_in_4bit) need CUDA and bitsandbytes: rehearsed as LoRA on "
                      "full-precision weights")  # fmt: skip
     if cfg.grpo.use_vllm is not False and not vllm_available():
-        put("grpo.use_vllm", False)
-        lines.append("vLLM rollouts (grpo.use_vllm) need CUDA and the vllm package: GRPO generated with "
-                     "transformers' generate")  # fmt: skip
+        lines.append(_rollouts_here(cfg, put))
     if cfg.eval.backend != "hf" and not vllm_installed():
         lines.append(f"evaluation through vLLM (eval.backend: {cfg.eval.backend}): vllm is not installed here, so "
                      "transformers' generate evaluated (make test-vllm's environment evaluates through vLLM's CPU "
@@ -123,6 +121,23 @@ def _replace_gpu_only(cfg: PipelineConfig, put: Any) -> list[str]:
         lines.append("fatal health alarms: a model with random weights trips them, so they are reported, never fatal")
     lines.append("memory and speed at the recipe's scale: benchmarks/gpu_throughput.py measures them on a GPU")
     return lines
+
+
+def _rollouts_here(cfg: PipelineConfig, put: Any) -> str:
+    """vLLM rollouts without CUDA: colocated on vLLM's CPU build where it is installed, else transformers' generate."""
+    from grpo_pipeline.tasks.scoring.vllm_generation import vllm_installed
+
+    if vllm_installed() and cfg.grpo.vllm_mode == "colocate":
+        put("grpo.use_vllm", True)
+        return (
+            "vLLM rollouts on CUDA: they ran colocated on vLLM's CPU build (its linear layers on live weights, which "
+            "take each step's weights in place); CUDA kernels and the GPU memory split were not rehearsed"
+        )
+    put("grpo.use_vllm", False)
+    return (
+        "vLLM rollouts (grpo.use_vllm) need CUDA and the vllm package: GRPO generated with transformers' generate "
+        "(make test-vllm's environment rehearses them on vLLM's CPU build)"
+    )
 
 
 def _shrink(cfg: PipelineConfig, put: Any) -> None:

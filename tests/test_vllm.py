@@ -117,7 +117,10 @@ def test_vllms_cpu_engine_cannot_load_weights_in_place(taught, tmp_path: Path, m
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from vllm import LLM
+    from vllm.model_executor.layers import utils
 
+    dispatch = utils.dispatch_cpu_unquantized_gemm  # as vLLM ships it, even after a colocated round in this process
+    monkeypatch.setattr(utils, "dispatch_cpu_unquantized_gemm", getattr(dispatch, "packing", dispatch))
     policy, _ = taught
     bf16 = tmp_path / "bf16"  # the dtype TRL's engine takes from a hub checkpoint's config
     AutoModelForCausalLM.from_pretrained(policy.path, dtype=torch.bfloat16).save_pretrained(bf16)
@@ -138,3 +141,28 @@ def load_in_place(name: str, weight, model) -> str:
     except AttributeError as e:
         return f"AttributeError: {e}"
     return "loaded"
+
+
+@pytest.mark.integration
+def test_the_gsm8k_recipe_rehearses_with_vllm_rollouts_and_evaluation(shared_data, prefect_api, tmp_path) -> None:
+    """`grpo-pipeline rehearse` where vLLM is installed: GRPO's rollouts run colocated on vLLM's CPU build and every
+    evaluation generates through vLLM, and the summary says which part of the GPU path that leaves unrehearsed."""
+    import mlflow
+
+    from tests.helpers import ROOT, cli_env, run_cli
+
+    recipe = ROOT / "configs" / "qwen2.5-0.5b-gsm8k.yaml"
+    runs, summary_path = tmp_path / "runs", tmp_path / "summary.json"
+    args = ["rehearse", "--config", str(recipe), f"run_dir={runs}", "data.source=file",
+            f"data.path={shared_data / 'gsm8k_test.jsonl'}", "--summary-json", str(summary_path)]  # fmt: skip
+    result = run_cli(args, cli_env(tmp_path, PREFECT_API_URL=prefect_api), timeout=900)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
+    summary = json.loads(summary_path.read_text())
+    assert "ran colocated on vLLM's CPU build" in " ".join(summary["rehearsal"]["not_rehearsed"])
+    [round_meta] = (runs / "rehearsal").glob("grpo-round1/*/meta.json")
+    assert json.loads(round_meta.read_text())["rollouts"].startswith("vLLM colocated")
+    [registered] = summary["registrations"]
+    assert registered["model_name"] == "qwen2.5-0.5b-gsm8k-grpo-rehearsal"
+    store = mlflow.MlflowClient(tracking_uri=f"sqlite:///{runs / 'rehearsal' / 'mlflow.db'}")
+    card = store.get_model_version(registered["model_name"], str(registered["version"])).description
+    assert "Sampler applied by vLLM" in card  # the registered version was evaluated through vLLM

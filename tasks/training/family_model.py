@@ -105,9 +105,10 @@ FAMILIES = {
 # Hub names whose family is known without their config.json (lower case, first match wins).
 NAME_HINTS = (("qwen2", "qwen2"), ("qwq", "qwen2"), ("llama", "llama"))
 
-# Small enough to train on a CPU in seconds, shaped like the real thing: grouped-query attention, tied embeddings.
-TINY_DIMS = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-             "num_key_value_heads": 2, "max_position_embeddings": 4096, "tie_word_embeddings": True}  # fmt: skip
+# Small enough to train on a CPU in seconds, shaped like the real thing: grouped-query attention, tied embeddings;
+# heads of 32 dimensions, the smallest vLLM's CPU attention takes (so vLLM paths rehearse too).
+TINY_DIMS = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "num_key_value_heads": 1, "max_position_embeddings": 4096, "tie_word_embeddings": True}  # fmt: skip
 VOCAB_SIZE = 1024
 
 

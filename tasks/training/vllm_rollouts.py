@@ -60,7 +60,7 @@ def prepare_vllm_rollouts(use_vllm: bool) -> None:
     from vllm.model_executor.layers import utils
 
     packing = utils.dispatch_cpu_unquantized_gemm  # linear.py and vocab_parallel_embedding.py look it up per layer
-    if getattr(packing, "keeps_weights_live", False):
+    if hasattr(packing, "packing"):  # done already in this process
         return
 
     def live(layer: Any, remove_weight: bool) -> None:
@@ -71,5 +71,5 @@ def prepare_vllm_rollouts(use_vllm: bool) -> None:
 
         layer.cpu_linear = torch.nn.functional.linear
 
-    live.keeps_weights_live = True  # type: ignore[attr-defined]
+    live.packing = packing  # type: ignore[attr-defined]  # vLLM's own, for whoever needs it back
     utils.dispatch_cpu_unquantized_gemm = live
