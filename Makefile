@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # fixtures are built once), the slowest files first (tests/conftest.py). PYTEST_WORKERS=1 runs them in one process.
 PYTEST_WORKERS ?= auto
 
-.PHONY: run test test-fast test-vllm lint install serve stop status clean
+.PHONY: run test test-fast test-postgres test-vllm lint install serve stop status clean
 
 # bubblewrap isolates model-written programs in the code reward's sandbox (docs/rewards.md); without it, as root,
 # the sandbox refuses to run them. Installed where we can (root on Debian/Ubuntu); never fails the install.
@@ -46,9 +46,14 @@ stop: install
 status: install
 	$(BIN)/grpo-pipeline status
 
-# Everything CI runs: lint first, then every test tier.
+# Lint first, then every test but the tiers that need more than this environment (test-postgres, test-vllm).
 test: install lint
-	$(BIN)/python -m pytest -q $(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder) --ignore=tests/test_stack_postgres.py $(PYTEST_ARGS)
+
+# The PostgreSQL tier: the stack's record-writing tests again with both servers on a private PostgreSQL server
+# (tests/test_stack_postgres.py; skipped, with the reason, where PostgreSQL's server programs are not installed).
+test-postgres: install
+	$(BIN)/python -m pytest -q tests/test_stack_postgres.py $(PYTEST_ARGS)
 
 # Unit tests only: no server, no sandbox, no pipeline run (well under a minute).
 # The vLLM tier: vLLM's CPU build in its own environment (.venv-vllm; tests/vllm_env.sh says why), evaluation

@@ -33,27 +33,32 @@ if "PREFECT_HOME" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], True)
 setup()
 
-# The files that take longest, heaviest first, in seconds on 2 busy cores (pytest --durations, Nov 2026). `make test`
+# The files that take longest, heaviest first, in seconds on 2 idle cores (pytest --durations=0, summed per file,
+# Nov 2026). `make test`
 # runs them first, each file whole on one pytest-xdist worker (--dist loadfile --no-loadscope-reorder), so the two
 # workers finish together instead of one starting the stack tests while the other has nothing left; the other files
 # follow in their usual order. A stale number costs balance, never a result.
 SLOWEST_FIRST = {
-    "test_stack_integration.py": 370,
-    "test_pipeline_integration.py": 280,
-    "test_stack_postgres.py": 230,
-    "test_rehearse.py": 200,
-    "test_resume.py": 160,
-    "test_resilience.py": 145,
-    "test_difficulty.py": 135,
-    "test_bad_input.py": 115,
-    "test_register.py": 75,
-    "test_health.py": 75,
-    "test_chat.py": 65,
-    "test_user_code.py": 65,
-    "test_gate_evidence.py": 50,
-    "test_tiny_code.py": 48,
-    "test_algorithms.py": 45,
-    "test_precision.py": 25,
+    "test_stack_integration.py": 285,
+    "test_pipeline_integration.py": 152,
+    "test_resilience.py": 147,
+    "test_rehearse.py": 123,
+    "test_resume.py": 90,
+    "test_bad_input.py": 69,
+    "test_difficulty.py": 53,
+    "test_user_code.py": 43,
+    "test_register.py": 41,
+    "test_gate_evidence.py": 33,
+    "test_tiny_code.py": 28,
+    "test_health.py": 24,
+    "test_algorithms.py": 23,
+    "test_chat.py": 21,
+    "test_keep_best.py": 21,
+    "test_sandbox.py": 20,
+    "test_serve_model.py": 18,
+    "test_distributed.py": 16,
+    "test_reward_timeouts.py": 15,
+    "test_precision.py": 5,
 }
 
 
