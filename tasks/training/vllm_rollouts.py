@@ -3,8 +3,8 @@
 TRL's colocated engine (`grpo.vllm_mode: colocate`) gets the policy's weights after every optimizer step through the
 model's `load_weights`, which copies each tensor into the engine's parameters in place. vLLM's CPU build, after
 loading a checkpoint, hands every linear layer's weight to a packed GEMM kernel (oneDNN, SGL or zentorch) and drops
-the parameter: the in-place load then has nothing to write into, and the LM head, which keeps its parameter, keeps
-computing with the packed copy of the first weights. On CPU the engine's linear layers therefore compute with
+the parameter: the in-place load then has nothing to write into (the LM head keeps its parameter, but computes
+through a kernel handle made from the first weights). On CPU the engine's linear layers therefore compute with
 torch's own linear on their live parameters, as vLLM does for the layers it never packs; the synced weights are then
 the ones that generate (tests/test_vllm.py). CUDA engines are left as they are.
 """
@@ -30,7 +30,6 @@ def check_vllm_runtime(grpo: GRPOStageConfig) -> None:
             "grpo.vllm_mode=server needs a CUDA GPU: `trl vllm-serve` receives the policy's weights after every step "
             "over NCCL; set grpo.vllm_mode=colocate (vLLM in the training process, CPU builds included)"
         )
-
     if importlib.util.find_spec("vllm") is None:
         raise ConfigError(
             "grpo.use_vllm=true needs the vllm package, which is not installed: pip install -e '.[gpu]' on a CUDA "
