@@ -191,4 +191,5 @@ def grpo_train(
         tags={"stage": "grpo", "round": str(round_index), "data_fingerprint": train.fingerprint},
         build=build, save_every_steps=cfg.save_every_steps, keep_checkpoints=cfg.keep_checkpoints, meta=meta,
     )  # fmt: skip
-    return policy.model_copy(update={"alarms": tuple(health.alarms), "notes": tuple(health.notes)})
+    outcome = {"alarms": tuple(health.alarms), "notes": tuple(health.notes), "rollouts": meta.get("rollouts", "")}
+    return policy.model_copy(update=outcome)

@@ -161,6 +161,7 @@ def test_the_gsm8k_recipe_rehearses_with_vllm_rollouts_and_evaluation(shared_dat
     assert "ran colocated on vLLM's CPU build" in " ".join(summary["rehearsal"]["not_rehearsed"])
     [round_meta] = (runs / "rehearsal").glob("grpo-round1/*/meta.json")
     assert json.loads(round_meta.read_text())["rollouts"].startswith("vLLM colocated")
+    assert summary["rollouts"] == "vLLM colocated (CPU build, linear layers on live weights)"
     [registered] = summary["registrations"]
     assert registered["model_name"] == "qwen2.5-0.5b-gsm8k-grpo-rehearsal"
     store = mlflow.MlflowClient(tracking_uri=f"sqlite:///{runs / 'rehearsal' / 'mlflow.db'}")

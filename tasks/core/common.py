@@ -111,6 +111,9 @@ class Checkpoint(Ref):
     # How a trained policy was trained: its weights', optimizer state's and autocast's dtypes, e.g. "float32 weights
     # and optimizer state, bf16 autocast" (tasks/training/trainer.py); empty for a base model.
     precision: str = ""
+    # What generated a GRPO round's rollouts, e.g. "vLLM colocated" or "transformers generate"
+    # (tasks/training/vllm_rollouts.py); empty for a model no GRPO round trained.
+    rollouts: str = ""
 
     @property
     def on_hub(self) -> bool:
