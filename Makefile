@@ -55,9 +55,8 @@ test: install lint
 test-postgres: install
 	$(BIN)/python -m pytest -q tests/test_stack_postgres.py $(PYTEST_ARGS)
 
-# Unit tests only: no server, no sandbox, no pipeline run (well under a minute).
-# The vLLM tier: vLLM's CPU build in its own environment (.venv-vllm; tests/vllm_env.sh says why), evaluation
-# through vLLM and the limits of vLLM without CUDA (tests/test_vllm.py).
+# The vLLM tier: vLLM's CPU build in its own environment (.venv-vllm; tests/vllm_env.sh says why): evaluation
+# through vLLM, GRPO with colocated vLLM rollouts, a recipe rehearsed with both (tests/test_vllm.py).
 VLLM_VENV ?= .venv-vllm
 $(VLLM_VENV)/.installed: pyproject.toml tests/vllm_env.sh
 	bash tests/vllm_env.sh $(PYTHON) $(VLLM_VENV) $(TORCH_VERSION)
@@ -65,6 +64,7 @@ $(VLLM_VENV)/.installed: pyproject.toml tests/vllm_env.sh
 test-vllm: $(VLLM_VENV)/.installed
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm.py $(PYTEST_ARGS)
 
+# Unit tests only: no server, no sandbox, no pipeline run (well under a minute).
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not integration" $(PYTEST_ARGS)
 

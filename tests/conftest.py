@@ -34,10 +34,9 @@ if "PREFECT_HOME" not in os.environ:
 setup()
 
 # The files that take longest, heaviest first, in seconds on 2 idle cores (pytest --durations=0, summed per file,
-# Nov 2026). `make test`
-# runs them first, each file whole on one pytest-xdist worker (--dist loadfile --no-loadscope-reorder), so the two
-# workers finish together instead of one starting the stack tests while the other has nothing left; the other files
-# follow in their usual order. A stale number costs balance, never a result.
+# Nov 2026). `make test` runs them first, each file whole on one pytest-xdist worker (--dist loadfile
+# --no-loadscope-reorder), so the two workers finish together instead of one starting the stack tests while the
+# other has nothing left; the other files follow in their usual order. A stale number costs balance, never a result.
 SLOWEST_FIRST = {
     "test_stack_integration.py": 285,
     "test_pipeline_integration.py": 152,
