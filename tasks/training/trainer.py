@@ -46,7 +46,9 @@ def has_cuda() -> bool:
 
 
 def vllm_available() -> bool:
-    return has_cuda() and importlib.util.find_spec("vllm") is not None
+    from grpo_pipeline.tasks.scoring.vllm_generation import vllm_installed
+
+    return has_cuda() and vllm_installed()
 
 
 def precision_args(model_cfg: ModelConfig) -> dict[str, Any]:

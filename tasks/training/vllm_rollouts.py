@@ -11,10 +11,10 @@ the ones that generate (tests/test_vllm.py). CUDA engines are left as they are.
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 from grpo_pipeline.configs.schema import ConfigError, GRPOStageConfig
+from grpo_pipeline.tasks.scoring.vllm_generation import vllm_installed
 
 
 def check_vllm_runtime(grpo: GRPOStageConfig) -> None:
@@ -30,7 +30,7 @@ def check_vllm_runtime(grpo: GRPOStageConfig) -> None:
             "grpo.vllm_mode=server needs a CUDA GPU: `trl vllm-serve` receives the policy's weights after every step "
             "over NCCL; set grpo.vllm_mode=colocate (vLLM in the training process, CPU builds included)"
         )
-    if importlib.util.find_spec("vllm") is None:
+    if not vllm_installed():
         raise ConfigError(
             "grpo.use_vllm=true needs the vllm package, which is not installed: pip install -e '.[gpu]' on a CUDA "
             "machine (vLLM's CPU build runs colocated rollouts too; tests/vllm_env.sh installs it), or set "
