@@ -135,6 +135,20 @@ class DataConfig(Section):
     seed: int = Field(default=0, description="Seed for generation, shuffling and the train/eval split.")
     min_prompt_chars: int = Field(default=1, ge=1, description="Shortest prompt accepted by validation (characters).")
     max_prompt_chars: int = Field(default=4096, ge=1, description="Longest prompt accepted by validation (characters).")
+    decontaminate: Literal["drop", "error", "off"] = Field(
+        default="drop",
+        description="Training rows whose prompt overlaps a benchmark suite's prompts (a run of "
+        "`decontaminate_ngram` words in common, case and punctuation ignored; a prompt shorter than that counts "
+        "when it appears whole in the other, tasks/decontaminate.py): 'drop' leaves them out of training and "
+        "reports how many per suite; 'error' stops the run, showing them; 'off' compares nothing.",
+    )
+    decontaminate_ngram: int = Field(
+        default=13,
+        ge=1,
+        description="Words in a run that a training prompt and a benchmark prompt must share to overlap (word "
+        "n-grams; 13 as in GPT-3's training-set filtering, appendix C of Brown et al. 2020). Smaller catches more "
+        "paraphrases and more chance matches.",
+    )
 
     @model_validator(mode="after")
     def _source_has_location(self) -> DataConfig:
