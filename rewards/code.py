@@ -29,6 +29,7 @@ from grpo_pipeline.rewards.code_formats import (
     TEST_FORMAT_COLUMNS,
     ParsedTests,
     StdioCase,
+    StdoutRule,
     TestFormatError,
     entry_expression,
     parse_tests,
@@ -184,9 +185,10 @@ def asserts_job(completion: str, asserts: Sequence[str], setup: str = "") -> Cod
     return CodeJob(program=f"{program}\n\n{setup}" if setup and setup.strip() else program, spec=spec)
 
 
-def stdio_job(completion: str, cases: Sequence[StdioCase], io: IoLimits) -> CodeJob:
+def stdio_job(completion: str, cases: Sequence[StdioCase], io: IoLimits, stdout_rule: StdoutRule = "lines") -> CodeJob:
     """A sandbox job for stdin/stdout tests: the program runs afresh for each case, its stdout compared with the
-    expected output line by line (trailing whitespace and trailing blank lines ignored)."""
+    expected output by `stdout_rule`, the way the tests' dataset compares (`ParsedTests.stdout_rule`; "lines":
+    line by line, trailing whitespace and trailing blank lines ignored)."""
     spec = {
         "kind": "stdio",
         "cases": [(c.input, c.output) for c in cases],
@@ -194,6 +196,7 @@ def stdio_job(completion: str, cases: Sequence[StdioCase], io: IoLimits) -> Code
         "case_timeout": io.case_timeout_s,
         "max_output": io.max_output_bytes,
         "float_tolerance": io.float_tolerance,
+        "stdout_rule": stdout_rule,
     }
     return CodeJob(program=extract_code(completion), spec=spec)
 
@@ -228,7 +231,7 @@ def build_job(prompt: Any, completion: Any, row: dict[str, Any], io: IoLimits | 
         if not parsed.cases:
             raise TestSpecError(f"the row's {parsed.source} tests have no cases")
         if parsed.style == "stdio":
-            return stdio_job(text, parsed.cases, io or IoLimits())
+            return stdio_job(text, parsed.cases, io or IoLimits(), parsed.stdout_rule)
         return calls_job(text, parsed)
     if tests is not None and len(tests) > 0:
         return asserts_job(text, tests, row.get("test_setup_code") or "")

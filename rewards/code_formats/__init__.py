@@ -46,10 +46,12 @@ from typing import Any
 from grpo_pipeline.rewards.code_formats.apps import parse_apps
 from grpo_pipeline.rewards.code_formats.cases import (
     FORMAT_COLUMNS,
+    STDOUT_RULES,
     TEST_FORMAT_COLUMNS,
     CallCase,
     ParsedTests,
     StdioCase,
+    StdoutRule,
     TestFormatError,
     is_missing,
     json_text,
@@ -61,10 +63,12 @@ from grpo_pipeline.rewards.code_formats.open_r1 import parse_open_r1
 
 __all__ = [
     "FORMAT_COLUMNS",
+    "STDOUT_RULES",
     "TEST_FORMAT_COLUMNS",
     "CallCase",
     "ParsedTests",
     "StdioCase",
+    "StdoutRule",
     "TestFormatError",
     "decode_private_blob",
     "detect_tests_format",

@@ -44,6 +44,11 @@ class ParsedTests:
     class_name: str | None = None
     unwrap_single: bool = False
 
+    @property
+    def stdout_rule(self) -> StdoutRule:
+        """How stdio tests compare stdout with the expected output: as the format's own checker does."""
+        return STDOUT_RULES.get(self.source, "lines")
+
 
 class TestFormatError(ValueError):
     """A row's tests cannot be parsed (a dataset problem); the message names the column and says why."""
@@ -59,6 +64,17 @@ FORMAT_COLUMNS: dict[str, tuple[str, ...]] = {
     "open-r1": ("verification_info",),
 }
 TEST_FORMAT_COLUMNS: tuple[str, ...] = (*(c for cols in FORMAT_COLUMNS.values() for c in cols), "metadata")
+
+# How each format's stdin/stdout tests compare stdout with the expected output: as that dataset's own checker does
+# (the harness's `STDOUT_RULES` implements each; docs/rewards.md has the table, with the checker each one follows).
+# TACO rows share APPS's `input_output` column, and so APPS's rule.
+StdoutRule = Literal["lines", "apps", "livecodebench", "codecontests", "open-r1"]
+STDOUT_RULES: dict[str, StdoutRule] = {
+    "apps": "apps",
+    "livecodebench": "livecodebench",
+    "codecontests": "codecontests",
+    "open-r1": "open-r1",
+}
 
 SOLUTION_CLASS = "Solution"  # LeetCode-style problems put the function in `class Solution`
 MAX_DECOMPRESSED_BYTES = 1 << 30  # a zlib bomb in a private-test blob stops here, not when memory runs out
