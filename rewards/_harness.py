@@ -751,24 +751,43 @@ def _serve_stdio(program: str, req_fd: int, resp_fd: int, out_fd: int) -> None:
 
 
 def _run_main(code: Any) -> int:
-    """Run a program as `python program.py` would, with this process's stdin and stdout; its exit status."""
-    sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
-    sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
-    status = 0
+    """Run a program as `python program.py` would, with this process's stdin and stdout; its exit status.
+
+    After the main module ends (or raises, or calls sys.exit) comes the interpreter's own shutdown, in
+    Py_FinalizeEx's order: wait for the program's non-daemon threads, run its atexit handlers, flush stdout. So an
+    answer printed by a `Thread(target=main)` or an atexit handler counts, whatever the machine's load."""
+    import atexit  # a builtin module: no import cost
+
+    atexit._clear()  # handlers of this launcher's process are not the program's
+    sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    out = sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+    status = _run_module(lambda: exec(code, {"__name__": "__main__", "__builtins__": builtins, **_site_names()}))
+    threading = sys.modules.get("threading")
+    if threading is not None:  # only `threading` starts threads the interpreter waits for
+        _run_module(threading._shutdown)
+    atexit._run_exitfuncs()  # each handler's exception is printed and ignored, as at exit
+    for stream in (sys.stdout, out):  # a program may have replaced sys.stdout; what it wrote to ours still counts
+        try:
+            if not stream.closed:
+                stream.flush()
+        except BaseException:
+            return 120  # CPython's status when flushing stdout fails at exit
+    return status
+
+
+def _run_module(run: Callable[[], object]) -> int:
+    """Run the main module (or the wait for its threads): 0, SystemExit's status, or 1 after printing the
+    traceback of any other exception."""
     try:
-        exec(code, {"__name__": "__main__", "__builtins__": builtins, **_site_names()})
+        run()
     except SystemExit as e:
-        status = 0 if e.code is None else e.code if type(e.code) is int else 1
+        return 0 if e.code is None else e.code if type(e.code) is int else 1
     except BaseException:
         import traceback  # only here: importing it costs more than running a small program
 
         traceback.print_exc()
-        status = 1
-    try:
-        sys.stdout.flush()
-    except BaseException:
-        status = status or 1
-    return status
+        return 1
+    return 0
 
 
 def _collect(pid: int, out_r: int, deadline: float, max_bytes: int) -> tuple[str, str]:
