@@ -591,7 +591,10 @@ def _exception(kind: object, detail: object) -> BaseException:
     """The builtin exception named `kind` (tests may expect e.g. ValueError), else a CandidateFailure."""
     exc = getattr(builtins, str(kind), None)
     if isinstance(exc, type) and issubclass(exc, Exception) and exc not in (StopIteration, StopAsyncIteration):
-        return exc(str(detail))
+        try:
+            return exc(str(detail))
+        except Exception:  # one that takes other arguments (UnicodeDecodeError): the failure as it is
+            pass
     return CandidateFailure(f"{kind}: {detail}")
 
 
@@ -1134,7 +1137,29 @@ class Units:
     def fail(self, i: int, error: BaseException | None = None) -> None:
         self.passed.discard(i)
         if error is not None and not self.first_error:
-            self.first_error = f"test {i}: {type(error).__name__}: {str(error)[:300]}"
+            self.first_error = f"test {i}: {_describe(error)}"
+
+
+def _describe(error: BaseException) -> str:
+    """`Type: message` of an exception, even one whose message cannot be read (an assert's message may be a handle
+    to the program's object, whose __str__ runs there and may raise anything)."""
+    try:
+        return f"{type(error).__name__}: {str(error)[:300]}"
+    except BaseException:
+        return f"{type(error).__name__}: <unprintable>"
+
+
+class TestsBroken(Exception):
+    """The tests cannot be set up (they do not compile, their definitions raise, the rule is unknown): the
+    dataset's or the host's fault, never the program's, so the row is unscored (an infrastructure error)."""
+
+
+def _setup(what: str, step: Callable[[], Any]) -> Any:
+    """`step()`, a part of setting up the tests that involves nothing of the program; TestsBroken if it raises."""
+    try:
+        return step()
+    except BaseException as e:
+        raise TestsBroken(f"{what}: {_describe(e)}") from None
 
 
 # ---------------------------------------------------------------- stdout comparison rules
@@ -1302,7 +1327,11 @@ STDOUT_RULES: dict[str, Callable[[str, str], bool]] = {
 
 # ---------------------------------------------------------------- running the tests
 def run_tests(spec: dict[str, Any], channel: Channel) -> dict[str, Any]:
-    """Run the tests against the program; returns the payload of the verdict."""
+    """Run the tests against the program; returns the payload of the verdict.
+
+    Whatever comes out of the program's objects while the tests run them (any exception, a BaseException, one whose
+    message raises) fails the tests; only tests that cannot be set up (`TestsBroken`) leave the row unscored.
+    """
     global _REFS
     result: dict[str, Any] = {
         "loaded": False,
@@ -1322,9 +1351,14 @@ def run_tests(spec: dict[str, Any], channel: Channel) -> dict[str, Any]:
         else:
             names = channel.ready()
             result["loaded"] = True
-            _run_calls(spec, channel, names, units, result)
+            result["error"] = _run_calls(spec, channel, names, units)
+            result["completed"] = result["error"] == ""
     except CandidateFailure as e:
         result["error"] = str(e)
+    except TestsBroken:
+        raise
+    except BaseException as e:  # raised by the program's objects as the tests ran them: a failed test, never None
+        result["error"] = _describe(e)
     result["passed"] = len(units.passed)
     result["error"] = result["error"] or units.first_error
     if result["total"] == 0:  # no assert at the top of `check`: the whole call is the one unit
@@ -1337,6 +1371,7 @@ def _run_stdio(spec: dict[str, Any], channel: Channel, units: Units) -> None:
     """stdin/stdout tests: one fresh run of the program per case."""
     seconds, max_bytes, tolerance = float(spec["case_timeout"]), int(spec["max_output"]), spec.get("float_tolerance")
     rule = spec.get("stdout_rule", "lines")
+    _setup("the stdout rule", lambda: STDOUT_RULES[rule])
     outputs = channel.run_cases([text for text, _ in spec["cases"]], seconds, max_bytes)
     for i, ((out, ended), (_, expected)) in enumerate(zip(outputs, spec["cases"], strict=False)):
         if ended == "exit 0" and outputs_match(out, expected, rule, tolerance):
@@ -1345,8 +1380,9 @@ def _run_stdio(spec: dict[str, Any], channel: Channel, units: Units) -> None:
             units.first_error = f"test {i}: {ended}" + ("" if ended != "exit 0" else ": wrong output")
 
 
-def _run_calls(spec: dict[str, Any], channel: Channel, names: list[str], units: Units, result: dict[str, Any]) -> None:
-    """Tests that call the program's functions: HumanEval `check`, assert lists, or call-based cases."""
+def _run_calls(spec: dict[str, Any], channel: Channel, names: list[str], units: Units) -> str:
+    """Tests that call the program's functions: HumanEval `check`, assert lists, or call-based cases. Returns why
+    they stopped short ("" when they ran to the end)."""
     namespace: dict[str, Any] = {"__name__": "__tests__", "__builtins__": builtins, "_grpo_units_": units}
     channel.namespace = namespace
     for module in spec.get("imports", []):
@@ -1354,59 +1390,75 @@ def _run_calls(spec: dict[str, Any], channel: Channel, names: list[str], units: 
             namespace[module] = __import__(module)
         except Exception:
             pass
-    kind = spec["kind"]
-    if kind == "humaneval":
-        if spec.get("setup"):  # the task's prompt: imports and helpers (e.g. `poly`) that tests use
-            try:
-                exec(compile(spec["setup"], "<prompt>", "exec"), namespace)
-            except Exception:
-                pass
-        exec(compile(spec["test"], "<test>", "exec"), namespace)  # trusted; errors here are infrastructure errors
-        entry = spec["entry_point"]
-        if entry.isidentifier():  # the dataset names the function: the program's definition wins over the prompt's
-            candidate = namespace[entry] = channel.value(entry) if entry in names else _missing(entry)
-        else:
-            candidate = _entry(entry, names, namespace, channel, set(spec.get("imports", [])))
+    run = {"humaneval": _run_check, "calls": _run_call_cases, "asserts": _run_asserts}[spec["kind"]]
+    return run(spec, channel, names, namespace, units)
+
+
+def _run_check(spec: dict[str, Any], channel: Channel, names: list[str], namespace: dict[str, Any], _: Units) -> str:
+    """HumanEval: the test's `check(candidate)`, its asserts counted as units by the host's rewrite."""
+    if spec.get("setup"):  # the task's prompt: imports and helpers (e.g. `poly`) that tests use
         try:
-            namespace["check"](candidate)
-            result["completed"] = True
+            exec(compile(spec["setup"], "<prompt>", "exec"), namespace)
+        except Exception:
+            pass
+    _setup("the test", lambda: exec(compile(spec["test"], "<test>", "exec"), namespace))
+    check = _setup("the test", lambda: namespace["check"])
+    entry = spec["entry_point"]
+    if entry.isidentifier():  # the dataset names the function: the program's definition wins over the prompt's
+        candidate = namespace[entry] = channel.value(entry) if entry in names else _missing(entry)
+    else:
+        code = _setup("the entry point", lambda: compile(entry, "<entry point>", "eval"))
+        candidate = _entry(code, names, namespace, channel, set(spec.get("imports", [])))
+    try:
+        check(candidate)
+    except CandidateFailure:
+        raise
+    except Exception as e:
+        return _describe(e)
+    return ""
+
+
+def _run_call_cases(
+    spec: dict[str, Any], channel: Channel, names: list[str], namespace: dict[str, Any], units: Units
+) -> str:
+    """Call-based cases: the entry's answer compared with the expected value."""
+    code = _setup("the entry point", lambda: compile(spec["entry_point"], "<entry point>", "eval"))
+    protected = set(namespace)
+    for i, (args, expected) in enumerate(spec["calls"]):
+        try:
+            got = _entry(code, names, namespace, channel, protected)(*args)
+            if type(got) is tuple:  # JSON has no tuples: the datasets' checkers compare them as lists
+                got = list(got)
+            if got == expected or (spec.get("unwrap") and type(expected) is list and [got] == expected):
+                units.ok(i)
+            elif not units.first_error:
+                units.first_error = f"test {i}: wrong answer"
         except CandidateFailure:
             raise
         except Exception as e:
-            result["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-    elif kind == "calls":  # call-based cases: the entry's answer compared with the expected value
-        protected = set(namespace)
-        for i, (args, expected) in enumerate(spec["calls"]):
-            try:
-                got = _entry(spec["entry_point"], names, namespace, channel, protected)(*args)
-                if type(got) is tuple:  # JSON has no tuples: the datasets' checkers compare them as lists
-                    got = list(got)
-                if got == expected or (spec.get("unwrap") and type(expected) is list and [got] == expected):
-                    units.ok(i)
-                elif not units.first_error:
-                    units.first_error = f"test {i}: wrong answer"
-            except CandidateFailure:
-                raise
-            except Exception as e:
-                units.fail(i, e)
-        result["completed"] = True
-    else:  # "asserts": one unit per statement, each run on its own
-        codes = [compile(statement, f"<test {i}>", "exec") for i, statement in enumerate(spec["asserts"])]
-        _bind(names, set().union(*map(_code_names, codes)), namespace, channel, set(namespace))
-        for i, code in enumerate(codes):
-            try:
-                exec(code, namespace)
-                units.ok(i)
-            except CandidateFailure:
-                raise
-            except Exception as e:
-                units.fail(i, e)
-        result["completed"] = True
+            units.fail(i, e)
+    return ""
 
 
-def _entry(entry: str, names: list[str], namespace: dict[str, Any], channel: Channel, protected: set[str]) -> Any:
-    """The entry point: a function name, or an expression such as `Solution().twoSum` (LeetCode-style rows)."""
-    code = compile(entry, "<entry point>", "eval")
+def _run_asserts(
+    spec: dict[str, Any], channel: Channel, names: list[str], namespace: dict[str, Any], units: Units
+) -> str:
+    """Assert lists (MBPP): one unit per statement, each run on its own."""
+    codes = _setup("the asserts", lambda: [compile(s, f"<test {i}>", "exec") for i, s in enumerate(spec["asserts"])])
+    _bind(names, set().union(*map(_code_names, codes)), namespace, channel, set(namespace))
+    for i, code in enumerate(codes):
+        try:
+            exec(code, namespace)
+            units.ok(i)
+        except CandidateFailure:
+            raise
+        except Exception as e:
+            units.fail(i, e)
+    return ""
+
+
+def _entry(code: Any, names: list[str], namespace: dict[str, Any], channel: Channel, protected: set[str]) -> Any:
+    """The entry point (compiled): a function name, or an expression such as `Solution().twoSum` (LeetCode)."""
     scope = dict(namespace)
     _bind(names, _code_names(code), scope, channel, protected)
     return eval(code, scope)
@@ -1508,8 +1560,8 @@ def run_program(config: dict[str, Any], spec_fd: int, verdict_fd: int, out_fd: i
     channel = Channel(pid, req_w, resp_r, start + float(spec["timeout"]))
     try:
         payload = run_tests(spec, channel)
-    except BaseException as e:  # a broken test (not the program): reported as an infrastructure error
-        payload = {"infra_error": f"{type(e).__name__}: {str(e)[:500]}"}
+    except BaseException as e:  # tests that cannot be set up (not the program): an infrastructure error
+        payload = {"infra_error": _describe(e)}
     channel.kill("done")
     body = to_bytes(encode(payload))
     write_message(verdict_fd, body)
