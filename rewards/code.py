@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from grpo_pipeline.rewards.code_asserts import builtins_under_test, mark_under_test
 from grpo_pipeline.rewards.code_formats import (
     TEST_FORMAT_COLUMNS,
     ParsedTests,
@@ -167,17 +168,21 @@ def humaneval_job(prompt: str, completion: str, test: str, entry_point: str) -> 
     return CodeJob(program=program, spec=spec)
 
 
-def asserts_job(completion: str, asserts: Sequence[str], setup: str = "") -> CodeJob:
-    """A sandbox job for an MBPP-style row (a list of assert statements)."""
+def asserts_job(completion: str, asserts: Sequence[str], setup: str = "", entry_point: str | None = None) -> CodeJob:
+    """A sandbox job for an MBPP-style row (a list of assert statements). `entry_point`, when the row names one,
+    is the function under test; a function under test named like a builtin (MBPP's `def sum(a, b)`) is the
+    program's where the asserts call it, and only there (rewards/code_asserts.py)."""
     statements = tuple(str(a) for a in asserts)
     for s in statements:
         if not is_python(s):
             raise TestSpecError(f"test {s!r} does not parse")
+    under_test = builtins_under_test(statements, entry_point or None)
     spec = {
         "kind": "asserts",
-        "asserts": list(statements),
+        "asserts": [mark_under_test(s, under_test) if under_test else s for s in statements],
         "total": len(statements),
         "imports": _stdlib_names(statements),
+        "under_test": list(under_test),
     }
     # MBPP runs `test_setup_code` after the program, in its namespace: here in the program's process too, so the
     # objects it builds (`root = Node(1)`) are the program's own, and reach the asserts as handles
@@ -234,7 +239,7 @@ def build_job(prompt: Any, completion: Any, row: dict[str, Any], io: IoLimits | 
             return stdio_job(text, parsed.cases, io or IoLimits(), parsed.stdout_rule)
         return calls_job(text, parsed)
     if tests is not None and len(tests) > 0:
-        return asserts_job(text, tests, row.get("test_setup_code") or "")
+        return asserts_job(text, tests, row.get("test_setup_code") or "", str(entry_point or "") or None)
     if isinstance(test, str) and test.strip() and entry_point:
         return humaneval_job(prompt_text(prompt), text, test, str(entry_point))
     return None

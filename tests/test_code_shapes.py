@@ -115,6 +115,63 @@ def test_the_reported_forgeries_score_0_and_their_honest_twins_1(code_tests: Any
     assert score_all(code_tests, rows) == [0.0, 1.0, 0.0, 1.0, 1.0]
 
 
+# ------------------------------------------------------------------ functions under test named like builtins
+# MBPP task 126, as published: the function under test is named `sum` (the sum of common divisors).
+MBPP_126 = ["assert sum(10,15) == 6", "assert sum(100,150) == 93", "assert sum(4,6) == 3"]
+SUM_OF_COMMON_DIVISORS = """
+    def sum(a, b):
+        total = 0
+        for i in range(1, min(a, b)):
+            if a % i == 0 and b % i == 0:
+                total += i
+        return total
+"""
+# A function under test named `max` (the largest of each sublist) whose asserts apply `set` to both sides.
+MAX_EACH = ["assert set(max([[1, 5], [3]])) == set([5, 3])", "assert set(max([[2], [9, 4]])) == set([2, 9])"]
+MAX_OF_EACH = "import builtins\ndef max(lists):\n    return [builtins.max(x) for x in lists]\n"
+
+
+def test_builtin_named_functions_under_test_score_as_in_the_authors_run(code_tests: Any) -> None:
+    """The honest rows pass, their wrong twins fail, and a program that also redefines the builtin the asserts
+    apply to both sides (`set`) to make its wrong answer pass still fails: only the call under test is the
+    program's."""
+    rows = [
+        mbpp(SUM_OF_COMMON_DIVISORS, MBPP_126),
+        mbpp("def sum(a, b):\n    return a + b\n", MBPP_126),  # the wrong twin
+        mbpp("def sum_divisors(a, b):\n    return 6\n", MBPP_126),  # no `sum` of its own: the builtin raises
+        mbpp(MAX_OF_EACH, MAX_EACH),
+        mbpp("def max(lists):\n    return [0]\n", MAX_EACH),  # the wrong twin
+        # the cheat: a wrong `max` and a `set` that makes both sides equal; `set` stays the real one
+        mbpp("def max(lists):\n    return [0]\ndef set(*a):\n    return 0\n", MAX_EACH),
+        # the row names its function: the asserts' expected side keeps the builtin of the same name
+        {**mbpp(SUM_OF_COMMON_DIVISORS, ["assert sum(10, 15) == sum([1, 5])"]), "entry_point": "sum"},
+        {**mbpp("def sum(*a):\n    return 7\n", ["assert sum(10, 15) == sum([1, 5])"]), "entry_point": "sum"},
+    ]
+    assert score_all(code_tests, rows) == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0]
+
+
+def test_redefined_builtins_applied_to_both_sides_never_forge_a_pass(code_tests: Any) -> None:
+    """`assert sorted(f(x)) == sorted([...])`: a wrong `f` with a `sorted` (`set`, `len`) that makes both sides
+    equal fails; its honest twin passes."""
+    shapes = {
+        "sorted": ("assert sorted(f([3, 1, 2])) == sorted([1, 2, 3])", "def f(x):\n    return list(x)\n"),
+        "set": ("assert set(f([3, 1, 2])) == set([1, 2, 3])", "def f(x):\n    return list(x)\n"),
+        "len": ("assert len(f('abc')) == len('xyz')", "def f(x):\n    return x[::-1]\n"),
+    }
+    rows = []
+    for name, (test, honest) in shapes.items():
+        rows.append(mbpp(honest, [test]))
+        rows.append(mbpp(f"def f(x):\n    return [9]\ndef {name}(*a):\n    return 1\n", [test]))
+    assert score_all(code_tests, rows) == [1.0, 0.0] * len(shapes)
+
+
+def test_call_based_entry_named_like_a_builtin_is_the_programs(code_tests: Any) -> None:
+    calls = json.dumps({"inputs": [[10, 15], [4, 6]], "outputs": [6, 3], "fn_name": "sum"})
+    programs = [SUM_OF_COMMON_DIVISORS, "def sum(a, b):\n    return a + b\n"]
+    rows = [{"completion": textwrap.dedent(p), "input_output": calls} for p in programs]
+    assert score_all(code_tests, rows) == [1.0, 0.0]
+
+
 def test_an_eq_that_always_agrees_does_not_pass(code_tests: Any) -> None:
     forged = """
         class Yes:
