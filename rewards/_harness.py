@@ -1558,6 +1558,7 @@ def run_program(config: dict[str, Any], spec_fd: int, verdict_fd: int, out_fd: i
         try:
             for fd in (spec_fd, verdict_fd, req_w, resp_r):
                 os.close(fd)
+            sys.path.extend(config.get("import_paths", ()))  # extra_ro_paths: the program's imports, not the tests'
             serve_program(mode, program, req_r, resp_w, 2)
         finally:
             os._exit(0)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import json
 import logging
 import re
 import sys
@@ -25,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from grpo_pipeline.rewards import _harness
 from grpo_pipeline.rewards.code_asserts import builtins_under_test, mark_under_test
 from grpo_pipeline.rewards.code_formats import (
     TEST_FORMAT_COLUMNS,
@@ -33,6 +33,7 @@ from grpo_pipeline.rewards.code_formats import (
     StdoutRule,
     TestFormatError,
     entry_expression,
+    is_missing,
     parse_tests,
 )
 from grpo_pipeline.rewards.registry import RewardError, RewardFn, completion_text, register
@@ -239,10 +240,22 @@ def build_job(prompt: Any, completion: Any, row: dict[str, Any], io: IoLimits | 
             return stdio_job(text, parsed.cases, io or IoLimits(), parsed.stdout_rule)
         return calls_job(text, parsed)
     if tests is not None and len(tests) > 0:
-        return asserts_job(text, tests, row.get("test_setup_code") or "", str(entry_point or "") or None)
+        named = None if is_missing(entry_point) else str(entry_point)
+        return asserts_job(text, tests, row.get("test_setup_code") or "", named)
     if isinstance(test, str) and test.strip() and entry_point:
         return humaneval_job(prompt_text(prompt), text, test, str(entry_point))
     return None
+
+
+def job_key(spec: dict[str, Any]) -> object:
+    """What the sandbox receives of a job's tests (the harness's own encoding), so two jobs share a key only when
+    the sandbox cannot tell them apart: it keeps sets, bytes, tuples and int keys apart, which JSON cannot hold or
+    would merge (`(1, 2)` and `[1, 2]`). A spec that cannot be encoded gets a key of its own (its row runs alone,
+    and the sandbox reports on that row only)."""
+    try:
+        return _harness.encode(spec)
+    except Exception:
+        return object()
 
 
 def run_rows(
@@ -277,8 +290,8 @@ def run_rows(
     # A GRPO group often holds the same program several times (a sharpened policy samples its favourite body again
     # and again): each distinct program runs once per call and its verdict is shared, which is the same verdict a
     # second run would give for a deterministic program and saves most of the sandbox's time on short completions.
-    unique: dict[tuple[str, str], int] = {}
-    slot = [unique.setdefault((j.program, json.dumps(j.spec, sort_keys=True)), len(unique)) for j in jobs]
+    unique: dict[tuple[str, object], int] = {}
+    slot = [unique.setdefault((j.program, job_key(j.spec)), len(unique)) for j in jobs]
     distinct = [jobs[slot.index(u)] for u in range(len(unique))]
     sandbox = default_sandbox(config)
     ran = sandbox.run(distinct)

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import pickle
+import shutil
+import tempfile
 import textwrap
 import zlib
 from pathlib import Path
@@ -19,6 +22,8 @@ from typer.testing import CliRunner
 
 from grpo_pipeline.cli import app
 from grpo_pipeline.rewards.registry import build_reward
+from grpo_pipeline.rewards.sandbox import SandboxConfig
+from grpo_pipeline.rewards.sandbox.config import SANDBOX_TMPFS
 
 pytestmark = pytest.mark.integration
 
@@ -183,3 +188,67 @@ def test_rewards_score_gives_honest_rows_1_and_wrong_twins_0(code_sandbox: None,
     assert result.exit_code == 0, result.output
     scored = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["code_tests"] for r in scored] == [1.0 if r["kind"] == "honest" else 0.0 for r in scored]
+
+
+def open_r1_call(argument: str, output: str) -> str:
+    """A `verification_info` with one function_call case: `argument` a Python literal (open-r1's rows hold sets,
+    bytes and tuples so)."""
+    case = {"type": "function_call", "fn_name": "f", "input": f"[{argument}]", "output": output}
+    return json.dumps({"language": "python", "test_cases": [case]})
+
+
+def test_function_call_inputs_json_cannot_hold_score_row_by_row(code_tests: Any) -> None:
+    """Sets and bytes in a case's input (JSON cannot hold them) are scored like any row, beside other rows; and
+    rows that differ only as a tuple and a list are never given one verdict for both."""
+    rows = [
+        (open_r1_call("{1, 2, 3}", "6"), "def f(x):\n    return sum(x)\n", 1.0),
+        (open_r1_call("{1, 2, 3}", "6"), "def f(x):\n    return len(x)\n", 0.0),
+        (open_r1_call("b'abcd'", "4"), "def f(x):\n    return len(x)\n", 1.0),
+        (open_r1_call("(1, 2)", "true"), "def f(x):\n    return type(x) is tuple\n", 1.0),
+        (open_r1_call("[1, 2]", "true"), "def f(x):\n    return type(x) is tuple\n", 0.0),
+        (open_r1_call("[1, 2]", "3"), "def f(x):\n    return sum(x)\n", 1.0),
+    ]
+    info, programs, expected = zip(*rows, strict=True)
+    assert code_tests(["Solve it."] * len(rows), list(programs), verification_info=list(info)) == list(expected)
+
+
+def test_job_keys_tell_apart_what_the_sandbox_tells_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    from grpo_pipeline.rewards import code
+
+    calls = {"kind": "calls", "entry_point": "f", "total": 1}
+    assert code.job_key({**calls, "calls": [([(1, 2)], True)]}) != code.job_key({**calls, "calls": [([[1, 2]], True)]})
+    assert code.job_key({**calls, "calls": [([{1, 2}], 3)]}) == code.job_key({**calls, "calls": [([{2, 1}], 3)]})
+    assert code.job_key({**calls, "calls": [([b"ab"], 2)]}) != code.job_key({**calls, "calls": [(["ab"], 2)]})
+
+    def refuse(value: object) -> str:
+        raise TypeError("cannot encode")
+
+    monkeypatch.setattr(code._harness, "encode", refuse)
+    assert code.job_key(calls) != code.job_key(calls)  # no key: each row runs on its own
+
+
+def test_extra_ro_paths_make_a_package_importable(code_sandbox: None) -> None:
+    """The harness runs with `-I -S`: a directory in `extra_ro_paths` is put on the program's sys.path, so a
+    package there imports (a copy of this environment's `packaging`); without the setting the import fails."""
+    import packaging
+
+    columns = {"input_output": json.dumps({"inputs": ["1.10\n"], "outputs": ["10\n"]})}
+    program = "from packaging.version import Version\nprint(Version(input()).minor)\n"
+    site = tempfile.mkdtemp(prefix="grpo-extra-ro-", dir="/var/tmp" if os.access("/var/tmp", os.W_OK) else None)
+    try:
+        if site.startswith(SANDBOX_TMPFS):
+            pytest.skip(f"no writable directory outside {SANDBOX_TMPFS} for the package")
+        os.chmod(site, 0o755)  # the sandbox's unprivileged uid reads it
+        shutil.copytree(Path(packaging.__file__).parent, Path(site) / "packaging")
+        plain = build_reward("code_tests", {"timeout_s": 20.0})
+        with_site = build_reward("code_tests", {"timeout_s": 20.0, "extra_ro_paths": [site]})
+        assert score(plain, columns, [program]) == [0.0]
+        assert score(with_site, columns, [program, "print(9)\n"]) == [1.0, 0.0]
+    finally:
+        shutil.rmtree(site, ignore_errors=True)
+
+
+def test_extra_ro_paths_the_sandbox_would_hide_are_refused() -> None:
+    for hidden in ("/tmp/site-packages", "/work"):
+        with pytest.raises(ValueError, match="would be hidden"):
+            SandboxConfig(extra_ro_paths=(hidden,))

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -15,6 +16,7 @@ GRACE_S = 0.5  # the host kills this long after the harness's own deadline
 OUTPUT_GRACE_S = 0.25  # how long the output pipe may stay open after the verdict
 START_TIMEOUT_S = 20.0  # for a worker's sandbox to start and load the harness
 CLEAN_TIMEOUT_S = 5.0  # for a worker to kill and wipe what a program left
+SANDBOX_TMPFS = ("/tmp", "/work")  # mounted empty in every sandbox, over whatever the host has there
 
 # "auto": bubblewrap when it works, else rlimits only (as root: under an unprivileged uid, or refused);
 # "bwrap": bubblewrap or an error; "none": rlimits only (as root: under an unprivileged uid, or refused);
@@ -64,11 +66,21 @@ class SandboxConfig:
     workers: int | None = None  # parallel programs; defaults to the usable cores
     isolation: Isolation = "auto"  # see `Isolation`; "auto" never runs programs as root
     python: str | None = None  # interpreter inside the sandbox; defaults to this one's base interpreter
-    extra_ro_paths: tuple[str, ...] = ()  # more host paths shown read-only (e.g. a site-packages with numpy)
+    # more host paths shown read-only; directories among them are also on the program's sys.path (the harness runs
+    # with -I -S), so a site-packages with numpy there is importable by the program
+    extra_ro_paths: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.isolation not in get_args(Isolation):
             raise ValueError(f"sandbox isolation must be one of {get_args(Isolation)}, got {self.isolation!r}")
+        for path in self.extra_ro_paths:
+            real = os.path.realpath(path)
+            if any(real == top or real.startswith(top + "/") for top in SANDBOX_TMPFS):
+                raise ValueError(
+                    f"extra_ro_paths: {path} is under {' or '.join(SANDBOX_TMPFS)}, which a bubblewrap sandbox "
+                    "mounts empty for every program (its working directory and temporary files), so the path "
+                    "would be hidden there; copy it somewhere else (e.g. under /opt) and give that path"
+                )
 
 
 @dataclass

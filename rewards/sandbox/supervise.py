@@ -70,6 +70,8 @@ def start_worker(c: SandboxConfig, mode: Mode, python: str, prefix: str, slot: i
     host_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     # "clean": kill(-1) between programs, only where it cannot reach beyond this worker's pid namespace
     config: dict[str, Any] = {"control_fd": server_end.fileno(), "rlimits": limits(c), "clean": mode.isolated}
+    # the harness runs with -I -S (no site-packages): the program's process appends these to its sys.path
+    config["import_paths"] = [p for p in c.extra_ro_paths if os.path.isdir(p)]
     uid = BASE_UID + slot
     if mode.drop_uid:
         config["uid"] = uid
