@@ -2,8 +2,10 @@
 that does not need a GPU before a GPU is paid for.
 
 What stays the recipe's own: its data source and column mapping (hub data pointed at a local copy with
-`data.source=file data.path=...`), prompt format and system prompt, rewards, evaluation metrics, gate, LoRA
-adapters, SFT and GRPO objective, number of processes (at most 2). What changes: the model becomes a tiny one of the
+`data.source=file data.path=...`), its eval suites (a suite's hub dataset read from a local copy of the same columns,
+`<run_dir>/rehearsal/local-data/<suite name>.jsonl`, where one is there or the hub cannot give it), prompt format and
+system prompt, rewards, evaluation metrics, gate and guards, LoRA adapters, SFT and GRPO objective, number of
+processes (at most 2). What changes: the model becomes a tiny one of the
 same family (tasks/training/family_model.py: the same architecture class, a byte-level BPE trained on the recipe's
 data with the family's special tokens and chat template, the instruct checkpoint's generation defaults); rows, steps
 and sequence lengths shrink; runs go to `<run_dir>/rehearsal`, registrations to `<experiment>-rehearsal` and
@@ -31,6 +33,10 @@ SFT = {"max_steps": 4, "probe_every_steps": 2, "save_every_steps": 2}
 SFT_BATCH = 4
 EVAL = {"max_problems": 16, "max_new_tokens": 32, "batch_size": 16}
 MAX_ROUNDS, MAX_SAMPLES, MAX_PROCESSES = 2, 2, 2
+# Local copies of the eval suites' hub datasets: `<run_dir>/rehearsal/local-data/<suite name><suffix>`, a file of the
+# hub dataset's columns in any format the data stage reads (tasks/sources/tables.py).
+LOCAL_DATA = "local-data"
+LOCAL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet", ".csv", ".csv.gz")
 
 
 def rehearsal_config(cfg: PipelineConfig) -> PipelineConfig:
@@ -46,6 +52,7 @@ def rehearsal_config(cfg: PipelineConfig) -> PipelineConfig:
     data = _data_problem(cfg)
     if data:
         raise ConfigError(data)
+    copies = _local_copies(cfg)
     spec = cfg.model_dump(mode="json", exclude_unset=True)
     changed: list[str] = []
 
@@ -68,6 +75,8 @@ def rehearsal_config(cfg: PipelineConfig) -> PipelineConfig:
         "template, a byte-level BPE trained on the recipe's data, random weights"
     )
     _shrink(cfg, put)
+    if cfg.eval.suites:
+        spec.setdefault("eval", {})["suites"] = _rehearsed_suites(cfg, copies, changed)
     put("name", cfg.name + SUFFIX)
     put("run_dir", str(Path(cfg.run_dir) / "rehearsal"))
     put("registry.experiment", cfg.registry.experiment + SUFFIX)
@@ -89,6 +98,87 @@ def _data_problem(cfg: PipelineConfig) -> str | None:
         f"{problem}. A rehearsal reads the recipe's own data; point it at a local file of the same columns: "
         "grpo-pipeline rehearse --config <recipe> data.source=file data.path=<file.jsonl|.parquet>"
     )
+
+
+def local_data_dir(cfg: PipelineConfig) -> Path:
+    """Where a rehearsal of `cfg` looks for local copies of its eval suites' hub datasets."""
+    return Path(cfg.run_dir) / "rehearsal" / LOCAL_DATA
+
+
+def _local_copies(cfg: PipelineConfig) -> dict[str, Path]:
+    """The local copy of each hub suite's dataset, by suite name: the file named after the suite in the local-data
+    folder where there is one; none where the hub (or its cache) can give the dataset. A hub suite with neither is
+    an error that lists every such suite and where to put its copy."""
+    from grpo_pipeline.tasks.core.hub import dataset_problem
+
+    folder = local_data_dir(cfg)
+    copies: dict[str, Path] = {}
+    missing = []
+    for suite in cfg.eval.suites:
+        if suite.source != "hf":
+            continue
+        found = next((p for p in (folder / f"{suite.name}{s}" for s in LOCAL_SUFFIXES) if p.is_file()), None)
+        if found is not None:
+            copies[suite.name] = found.resolve()
+            continue
+        problem = dataset_problem(suite.data_config())
+        if problem is not None:
+            # the hub's reason, without the fix it gives for data.hf_name (a suite's copy goes in the folder)
+            why = problem.partition(" cannot be fetched: ")[2].partition(". Point at a local copy")[0] or problem
+            missing.append(f"  - eval.suites[{suite.name}]: {_hub_name(suite)} cannot be fetched: {why}")
+    if missing:
+        raise ConfigError(
+            "a rehearsal scores every eval suite, and these suites' hub datasets cannot be had here:\n"
+            + "\n".join(missing)
+            + f"\nPut a local copy of each, with the hub dataset's columns, in {folder}/ named after its suite "
+            f"(e.g. {folder / (cfg.eval.suites[0].name + '.jsonl')}; {', '.join(LOCAL_SUFFIXES)} are read)"
+        )
+    return copies
+
+
+def _hub_name(suite: Any) -> str:
+    config = f"config {suite.hf_config!r}, " if suite.hf_config else ""
+    return f"{suite.hf_name} ({config}split {suite.hf_split!r})"
+
+
+def _rehearsed_suites(cfg: PipelineConfig, copies: dict[str, Path], changed: list[str]) -> list[dict[str, Any]]:
+    """The recipe's eval suites, each hub dataset with a local copy read from it, and each suite's rows, samples and
+    lengths down to the rehearsal's scale (never up); one line in `changed` for every difference."""
+    needs_k = _gate_ks(cfg)
+    suites = []
+    for suite in cfg.eval.suites:
+        spec = suite.model_dump(mode="json", exclude_unset=True)
+        where = f"eval.suites[{suite.name}]"
+        if suite.name in copies:
+            for field in ("hf_name", "hf_config", "hf_split"):
+                spec.pop(field, None)
+            spec |= {"source": "file", "path": str(copies[suite.name])}
+            changed.append(f"{where}: {_hub_name(suite)} -> {copies[suite.name]}, a local copy of the same columns")
+        scored = cfg.eval.for_suite(suite.name)
+        n = min(scored.n_samples, max(MAX_SAMPLES, needs_k.get(suite.name, 1)))
+        limits = {
+            "max_problems": min(scored.max_problems or EVAL["max_problems"], EVAL["max_problems"]),
+            "max_new_tokens": min(scored.max_new_tokens, EVAL["max_new_tokens"]),
+            "n_samples": n,
+            "k": sorted({k for k in scored.k if k <= n} | {1}),
+        }
+        for field, value in limits.items():
+            spec[field] = value  # the suite's own: what it would take from the shrunk eval section may not fit it
+            if value != getattr(scored, field):
+                changed.append(f"{where}.{field}: {_short(getattr(scored, field))} -> {_short(value)}")
+        suites.append(spec)
+    return suites
+
+
+def _gate_ks(cfg: PipelineConfig) -> dict[str, int]:
+    """The largest k that the gating metric and the guards read from each suite (pass_at_<k>, maj_at_<k>)."""
+    from grpo_pipeline.configs.registry import split_metric
+
+    ks: dict[str, int] = {}
+    for metric in [cfg.registry.gating_metric, *cfg.registry.guard]:
+        suite, bare = split_metric(metric, cfg.eval.suite_names())
+        ks[suite] = max(ks.get(suite, 1), _k_of(bare))
+    return ks
 
 
 def _replace_gpu_only(cfg: PipelineConfig, put: Any) -> list[str]:

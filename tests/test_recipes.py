@@ -1,6 +1,7 @@
-"""The GPU recipes on a CPU machine: they validate, map real GSM8K / HumanEval rows to what their rewards read, score
-right and wrong completions as intended, pass their vLLM settings to TRL, and stop at once, naming the model and
-dataset and how to use local copies, where the hub cannot be reached. The GPU parts themselves: tests/test_gpu.py."""
+"""The GPU recipes on a CPU machine: they validate, map real GSM8K / HumanEval rows (and local rows in the columns of
+the hub datasets ../shared/data has no copy of) to what their rewards read, score right and wrong completions as
+intended, evaluate on the benchmarks' own test sets, pass their vLLM settings to TRL, and stop at once, naming the
+model and dataset and how to use local copies, where the hub cannot be reached. The GPU parts: tests/test_gpu.py."""
 
 from __future__ import annotations
 
@@ -17,13 +18,16 @@ from grpo_pipeline.configs.schema import ConfigError, GRPOStageConfig, load_conf
 from grpo_pipeline.rewards import build_rewards
 from grpo_pipeline.tasks.core import hub
 from grpo_pipeline.tasks.data import load_source
+from grpo_pipeline.tasks.decontaminate import contaminated
 from grpo_pipeline.tasks.grpo import trl_grpo_args
 from grpo_pipeline.tasks.scoring.items import reward_columns
+from grpo_pipeline.tasks.sources.tables import format_prompt, read_table
 from tests.helpers import cli_env, run_cli
+from tests.rehearsal_rows import mbpp_rows, open_r1_rows, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 GSM8K = ROOT / "configs" / "qwen2.5-0.5b-gsm8k.yaml"
-HUMANEVAL = ROOT / "configs" / "qwen2.5-coder-0.5b-humaneval.yaml"
+CODER = ROOT / "configs" / "qwen2.5-coder-0.5b-verifiable-coding.yaml"
 RECIPES = sorted((ROOT / "configs").glob("qwen2.5-*.yaml"))
 BENCHMARK = ROOT / "benchmarks" / "gpu_throughput.py"
 VARIANTS = ("lora", "qlora", "multigpu")
@@ -42,9 +46,9 @@ def _benchmark_module():
     return module
 
 
-def weighted(cfg, rows, completions: list[str]) -> list[float]:
-    """The summed, weighted reward of each completion of `rows` (one completion per row), as GRPO sums it."""
-    fns, weights = build_rewards(cfg.grpo.rewards)
+def weighted(rewards, rows, completions: list[str]) -> list[float]:
+    """The summed, weighted `rewards` of each completion of `rows` (one completion per row), as GRPO sums them."""
+    fns, weights = build_rewards(rewards)
     prompts, columns = reward_columns(rows, 1)
     per_reward = [fn(prompts=prompts, completions=completions, **columns) for fn in fns]
     return [sum(w * s[i] for w, s in zip(weights, per_reward, strict=True)) for i in range(len(rows))]
@@ -55,7 +59,7 @@ def weighted(cfg, rows, completions: list[str]) -> list[float]:
 
 def test_the_gpu_recipes_are_bundled():
     variants = {ROOT / "configs" / f"qwen2.5-0.5b-gsm8k-{v}.yaml" for v in VARIANTS}
-    assert {GSM8K, HUMANEVAL, *variants} <= set(RECIPES)
+    assert {GSM8K, CODER, *variants} <= set(RECIPES)
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
@@ -70,7 +74,7 @@ def test_recipe_validates_through_the_cli(recipe, tmp_path):
 def test_gsm8k_recipe(shared_data):
     cfg = load_config(GSM8K)
     assert cfg.model.base == "Qwen/Qwen2.5-0.5B-Instruct"
-    assert (cfg.data.hf_name, cfg.data.hf_config) == ("openai/gsm8k", "main")
+    assert (cfg.data.hf_name, cfg.data.hf_config, cfg.data.hf_split) == ("openai/gsm8k", "main", "train")
     assert {(r.name, r.weight) for r in cfg.grpo.rewards} == {("correctness", 2.0), ("format", 0.5), ("tag_count", 0.5)}
     # The recipe's column mapping on the real GSM8K file (same columns as the hub dataset).
     cfg = load_config(GSM8K, ["data.source=file", f"data.path={shared_data / 'gsm8k_test.jsonl'}"])
@@ -83,9 +87,37 @@ def test_gsm8k_recipe(shared_data):
     right = [f"<reasoning>\nwork it out\n</reasoning>\n<answer>\n{a}\n</answer>" for a in rows["answer"]]
     wrong = [f"<reasoning>\nwork it out\n</reasoning>\n<answer>\n{int(a) + 1}\n</answer>" for a in rows["answer"]]
     unformatted = [f"The answer is {a}." for a in rows["answer"]]
-    assert weighted(cfg, rows, right) == pytest.approx([3.0] * 4)  # 2.0 correct + 0.5 format + 0.5 four tags
-    assert weighted(cfg, rows, wrong) == pytest.approx([1.0] * 4)
-    assert weighted(cfg, rows, unformatted) == pytest.approx([2.0] * 4)  # math-verify finds the bare number
+    assert weighted(cfg.grpo.rewards, rows, right) == pytest.approx(
+        [3.0] * 4
+    )  # 2.0 correct + 0.5 format + 0.5 four tags
+    assert weighted(cfg.grpo.rewards, rows, wrong) == pytest.approx([1.0] * 4)
+    assert weighted(cfg.grpo.rewards, rows, unformatted) == pytest.approx(
+        [2.0] * 4
+    )  # math-verify finds the bare number
+
+
+def test_gsm8k_recipes_gate_on_the_test_split_asked_as_training_asks(shared_data):
+    """GSM8K's 1,319 test problems are a suite of every GSM8K recipe, mapped and prompted exactly as the training
+    rows are, and the gate decides on its accuracy; the held-out split of the train split is scored beside it."""
+    for recipe in sorted((ROOT / "configs").glob("qwen2.5-0.5b-gsm8k*.yaml")):
+        cfg = load_config(recipe)
+        assert cfg.eval.suite_names() == ["gsm8k_test", "heldout"], recipe.name
+        assert (cfg.registry.gating_metric, cfg.gating_suite()) == ("gsm8k_test/accuracy", "gsm8k_test")
+        test = cfg.eval.suite("gsm8k_test")
+        assert (test.source, test.hf_name, test.hf_config, test.hf_split) == ("hf", "openai/gsm8k", "main", "test")
+        assert test.max_problems is None and cfg.eval.for_suite("gsm8k_test").max_problems is None  # all 1,319
+        mapping = ("prompt_column", "answer_column", "answer_pattern", "prompt_template", "prompt_format")
+        assert {f: getattr(test, f) for f in mapping} == {f: getattr(cfg.data, f) for f in mapping}
+        assert test.system_prompt == cfg.data.system_prompt and test.system_prompt
+        assert cfg.eval.for_suite("gsm8k_test").correctness_reward == cfg.eval.correctness_reward
+    # The suite's rows from the real test file: all of them, each exactly the prompt training would build from it.
+    cfg = load_config(GSM8K, ["data.source=file", f"data.path={shared_data / 'gsm8k_test.jsonl'}"])
+    local = cfg.eval.suite("gsm8k_test").model_copy(
+        update={"source": "file", "path": str(shared_data / "gsm8k_test.jsonl")}
+    )
+    suite_rows, train_rows = load_source(local.data_config()), load_source(cfg.data)
+    assert len(suite_rows) == 1319
+    assert suite_rows[["prompt", "answer"]].equals(train_rows[["prompt", "answer"]])
 
 
 def first_question(path: Path) -> str:
@@ -93,7 +125,7 @@ def first_question(path: Path) -> str:
 
 
 def test_gsm8k_variants_differ_from_it_only_where_they_say():
-    """LoRA, QLoRA for small GPUs and several GPUs: the same task, rewards and data as the base recipe."""
+    """LoRA, QLoRA for small GPUs and several GPUs: the same task, rewards, data, suites and gate as the base recipe."""
     base = load_config(GSM8K)
     lora, qlora, multi = (load_config(ROOT / "configs" / f"qwen2.5-0.5b-gsm8k-{v}.yaml") for v in VARIANTS)
     for variant in (lora, qlora, multi):
@@ -101,6 +133,11 @@ def test_gsm8k_variants_differ_from_it_only_where_they_say():
             base.data,
             base.grpo.rewards,
             base.eval.correctness_reward,
+        )
+        assert variant.eval.suites == base.eval.suites
+        assert (variant.registry.gating_metric, variant.registry.guard) == (
+            base.registry.gating_metric,
+            base.registry.guard,
         )
         assert variant.registry.model_name != base.registry.model_name  # their versions are not mixed up
     assert lora.model.lora is not None and not lora.model.load_in_4bit and base.model.lora is None
@@ -112,17 +149,79 @@ def test_gsm8k_variants_differ_from_it_only_where_they_say():
     assert (ROOT / multi.distributed.accelerate_config).is_file()  # relative to the project, where runs start
 
 
-def test_humaneval_recipe(shared_data, code_sandbox):
-    cfg = load_config(HUMANEVAL)
-    assert cfg.model.base == "Qwen/Qwen2.5-Coder-0.5B" and cfg.eval.correctness_reward == "code_tests"
-    assert cfg.data.num_train + cfg.data.num_eval + cfg.data.num_probe == 164
-    cfg = load_config(HUMANEVAL, ["data.source=file", f"data.path={shared_data / 'HumanEval.jsonl.gz'}"])
-    rows = load_source(cfg.data).head(3)
-    assert {"test", "entry_point"} <= set(rows.columns)
-    assert rows.iloc[0]["prompt"].lstrip().startswith(("def ", "from ", "import ")), rows.iloc[0]["prompt"][:80]
-    # The canonical solution continues the prompt and passes every assert; a stub passes none.
-    assert weighted(cfg, rows, rows["answer"].tolist()) == pytest.approx([1.0] * 3)
-    assert weighted(cfg, rows, ["    pass\n"] * 3) == pytest.approx([0.0] * 3)
+# ----------------------------------------------------------------------------- the code recipe
+
+
+def test_the_code_recipe_trains_on_code_rl_problems_and_evaluates_on_the_benchmarks():
+    cfg = load_config(CODER)
+    assert cfg.model.base == "Qwen/Qwen2.5-Coder-0.5B-Instruct" and cfg.data.prompt_format == "chat"
+    # Training: open-r1's verifiable coding problems, never a benchmark the recipe is evaluated on.
+    assert (cfg.data.hf_name, cfg.data.hf_split) == ("open-r1/verifiable-coding-problems-python", "train")
+    assert cfg.data.extra_columns == ["verification_info"] and cfg.data.decontaminate == "drop"
+    benchmarks = {s.name: s for s in cfg.eval.suites if s.source == "hf"}
+    assert cfg.data.hf_name not in {s.hf_name for s in benchmarks.values()}
+    assert "humaneval" not in cfg.data.hf_name.lower() and "mbpp" not in cfg.data.hf_name.lower()
+    # Evaluation: every problem of HumanEval and MBPP, scored by their tests.
+    assert cfg.eval.suite_names() == ["humaneval", "mbpp", "heldout"]
+    humaneval, mbpp = benchmarks["humaneval"], benchmarks["mbpp"]
+    assert (humaneval.hf_name, humaneval.hf_split) == ("openai/openai_humaneval", "test")
+    assert {"test", "entry_point"} <= set(humaneval.extra_columns)
+    assert (mbpp.hf_name, mbpp.hf_split) == ("evalplus/mbppplus", "test") and "test_list" in mbpp.extra_columns
+    for name in cfg.eval.suite_names():
+        scored = cfg.eval.for_suite(name)
+        assert scored.correctness_reward.name == "code_tests" and scored.max_problems is None, name
+        assert max(scored.k) <= scored.n_samples <= scored.batch_size
+    assert cfg.eval.for_suite("humaneval").k == [1, 5, 10] and cfg.eval.for_suite("humaneval").n_samples == 10
+    assert (cfg.registry.gating_metric, cfg.registry.guard) == ("humaneval/pass_at_1", ["mbpp/pass_at_1"])
+
+
+def test_the_code_recipe_scores_its_training_rows_by_their_tests(tmp_path, code_sandbox):
+    """Rows in open-r1's columns (tests/rehearsal_rows.py): each reference solution passes its stdin/stdout or call
+    tests in the sandbox; a program that prints one number passes almost none."""
+    path = write_jsonl(tmp_path / "train.jsonl", open_r1_rows(8))
+    cfg = load_config(CODER, ["data.source=file", f"data.path={path}"])
+    rows = load_source(cfg.data)
+    assert json.loads(rows.iloc[0]["prompt"])[0]["content"].endswith(open_r1_rows(1)[0]["problem_statement"])
+    assert weighted(cfg.grpo.rewards, rows, rows["answer"].tolist()) == pytest.approx([1.0] * 8)
+    assert sum(weighted(cfg.grpo.rewards, rows, ["```python\nprint(1)\n```"] * 8)) < 1.0
+
+
+def test_the_code_recipe_asks_humaneval_as_evalplus_does(shared_data, code_sandbox):
+    cfg = load_config(CODER)
+    suite = cfg.eval.suite("humaneval").model_copy(
+        update={"source": "file", "path": str(shared_data / "HumanEval.jsonl.gz")}
+    )
+    rows = load_source(suite.data_config())
+    assert len(rows) == 164 and {"test", "entry_point"} <= set(rows.columns)
+    (user,) = json.loads(rows.iloc[0]["prompt"])  # no system prompt: the model's own, as EvalPlus leaves it
+    assert user["content"].startswith("Please provide a self-contained Python script that solves the following")
+    raw = read_table(shared_data / "HumanEval.jsonl.gz").head(3)
+    assert all(p in json.loads(q)[0]["content"] for p, q in zip(raw["prompt"], rows["prompt"], strict=False))
+    # An instruct model answers with the whole function in a fenced block: the reference one passes every test.
+    whole = [
+        f"Here it is:\n```python\n{p}{s}```\n" for p, s in zip(raw["prompt"], raw["canonical_solution"], strict=True)
+    ]
+    correct = [cfg.eval.for_suite("humaneval").correctness_reward]
+    assert weighted(correct, rows.head(3), whole) == pytest.approx([1.0] * 3)
+    assert weighted(correct, rows.head(3), ["```python\npass\n```"] * 3) == pytest.approx([0.0] * 3)
+
+
+def test_decontamination_drops_a_benchmark_prompt_planted_in_the_code_rl_rows(shared_data):
+    """A HumanEval problem among the code-RL training rows is caught by the recipe's own decontamination (13-word
+    runs), though training and evaluation wrap it in different instructions; the clean rows overlap nothing, so the
+    instructions themselves never make a row look contaminated."""
+    cfg = load_config(CODER)
+    humaneval = read_table(shared_data / "HumanEval.jsonl.gz")
+    suite_cfg = {name: cfg.eval.suite(name).data_config() for name in ("humaneval", "mbpp")}
+    benchmark = {
+        "humaneval": [format_prompt(suite_cfg["humaneval"], p) for p in humaneval["prompt"]],
+        "mbpp": [format_prompt(suite_cfg["mbpp"], r["prompt"]) for r in mbpp_rows()],
+    }
+    train = [format_prompt(cfg.data, r["problem_statement"]) for r in open_r1_rows()]
+    planted = len(train) // 2
+    train.insert(planted, format_prompt(cfg.data, humaneval["prompt"][7]))
+    hits = contaminated(train, benchmark, cfg.data.decontaminate_ngram)
+    assert hits == {"humaneval": [planted], "mbpp": []}
 
 
 # ----------------------------------------------------------------------------- vLLM settings -> TRL

@@ -1,29 +1,60 @@
 """`grpo-pipeline rehearse` (grpo_pipeline/rehearse.py): every shipped GPU recipe's whole DAG on CPU, on a tiny model
-of its family (tasks/training/family_model.py) and the real GSM8K / HumanEval files, registered under the rehearsal
-name; and the stand-in model itself (its class, tokenizer, chat template and EOS are the family's)."""
+of its family (tasks/training/family_model.py), scored on its eval suites read from local copies (the real GSM8K and
+HumanEval test sets in ../shared/data; rows in the columns of the other hub datasets from tests/rehearsal_rows.py),
+registered under the rehearsal name; and the stand-in model itself (its class, tokenizer, chat template and EOS are
+the family's)."""
 
 from __future__ import annotations
 
 import json
+import operator
+import re
 from pathlib import Path
 
 import pytest
 
-from grpo_pipeline.configs.schema import ConfigError, load_config
-from grpo_pipeline.rehearse import rehearsal_config
+from grpo_pipeline.configs.schema import ConfigError, PipelineConfig, load_config
+from grpo_pipeline.rehearse import local_data_dir, rehearsal_config
+from grpo_pipeline.rewards import build_rewards
 from grpo_pipeline.tasks.release.card import rehearsal_lines
+from grpo_pipeline.tasks.scoring.items import reward_columns
+from grpo_pipeline.tasks.sources.load import load_source
 from grpo_pipeline.tasks.training.family_model import FAMILIES, build_family_model, family_of
 from tests.helpers import ROOT, cli_env, run_cli
+from tests.rehearsal_rows import gsm8k_rows, mbpp_rows, open_r1_rows, write_jsonl
 
 RECIPES = sorted((ROOT / "configs").glob("qwen2.5-*.yaml"))
-DATA = {"humaneval": "HumanEval.jsonl.gz", "gsm8k": "gsm8k_test.jsonl"}
+GSM8K = ROOT / "configs" / "qwen2.5-0.5b-gsm8k.yaml"
+CODER = ROOT / "configs" / "qwen2.5-coder-0.5b-verifiable-coding.yaml"
 TEXTS = ["Natalia sold clips to 48 of her friends in April.", "def add(a, b):\n    return a + b\n", "#### 72"] * 20
+# Local training rows for each hub training set, in its columns (../shared/data holds test sets only).
+TRAIN_ROWS = {"openai/gsm8k": gsm8k_rows, "open-r1/verifiable-coding-problems-python": open_r1_rows}
+# The local copy of each eval suite's hub dataset: a file of ../shared/data, or rows written here.
+SHARED_SUITES = {"gsm8k_test": "gsm8k_test.jsonl", "humaneval": "HumanEval.jsonl.gz"}
+SUITE_ROWS = {"mbpp": mbpp_rows}
+OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
 
-def local_data(recipe: Path, shared: Path) -> list[str]:
-    """The recipe's hub dataset redirected to the local copy in ../shared/data (the same columns)."""
-    name = next(v for k, v in DATA.items() if k in recipe.stem)
-    return ["data.source=file", f"data.path={shared / name}"]
+def local_data(recipe: Path, shared: Path, tmp: Path, run_dir: Path) -> list[str]:
+    """Local copies of the recipe's hub datasets: its training rows, given as overrides (`data.source=file`), and each
+    eval suite's dataset in the rehearsal's local-data folder under `run_dir`, named after the suite."""
+    cfg = load_config(recipe, [f"run_dir={run_dir}"])
+    folder = local_data_dir(cfg)
+    folder.mkdir(parents=True, exist_ok=True)
+    for suite in cfg.eval.suites:
+        if suite.name in SHARED_SUITES:
+            shared_file = shared / SHARED_SUITES[suite.name]
+            (folder / (suite.name + "".join(shared_file.suffixes))).symlink_to(shared_file)
+        elif suite.source == "hf":
+            write_jsonl(folder / f"{suite.name}.jsonl", SUITE_ROWS[suite.name]())
+    train = write_jsonl(tmp / "local-train" / f"{cfg.name}.jsonl", TRAIN_ROWS[cfg.data.hf_name]())
+    return [f"run_dir={run_dir}", "data.source=file", f"data.path={train}"]
+
+
+def rehearsed(recipe: Path, shared: Path, tmp: Path) -> tuple[PipelineConfig, PipelineConfig]:
+    """The recipe (its hub data pointed at local copies) and its rehearsal, run_dir under `tmp`."""
+    original = load_config(recipe, local_data(recipe, shared, tmp, tmp))
+    return original, rehearsal_config(original)
 
 
 # ----------------------------------------------------------------------------- the stand-in model
@@ -73,8 +104,7 @@ def test_a_local_checkpoint_is_recognised_by_its_config_and_others_are_refused(t
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_the_rehearsal_keeps_the_recipes_task_and_never_its_names(recipe, shared_data, tmp_path):
-    original = load_config(recipe, [f"run_dir={tmp_path}", *local_data(recipe, shared_data)])
-    cfg = rehearsal_config(original)
+    original, cfg = rehearsed(recipe, shared_data, tmp_path)
     assert cfg.registry.model_name == original.registry.model_name + "-rehearsal"
     assert cfg.registry.experiment == original.registry.experiment + "-rehearsal"
     assert Path(cfg.run_dir) == tmp_path / "rehearsal" and Path(cfg.model.base).is_relative_to(tmp_path / "rehearsal")
@@ -89,6 +119,19 @@ def test_the_rehearsal_keeps_the_recipes_task_and_never_its_names(recipe, shared
         original.registry.min_delta,
     )
     assert cfg.model.lora == original.model.lora and cfg.sft.enabled == original.sft.enabled
+    # The same suites, mapped and scored alike, each hub dataset read from its local copy; the same guards.
+    assert cfg.eval.suite_names() == original.eval.suite_names() and cfg.registry.guard == original.registry.guard
+    mapping = {"prompt_column", "answer_column", "extra_columns", "prompt_template", "prompt_format", "system_prompt",
+               "answer_pattern", "correctness_reward", "temperature", "top_p"}  # fmt: skip
+    for name in original.eval.suite_names():
+        was, now = original.eval.suite(name), cfg.eval.suite(name)
+        assert now.model_dump(include=mapping) == was.model_dump(include=mapping), name
+        scored, before = cfg.eval.for_suite(name), original.eval.for_suite(name)
+        assert 10 <= scored.max_problems <= 16 and scored.max_new_tokens <= 32, name  # the gate still compares
+        assert scored.n_samples <= before.n_samples and set(scored.k) <= set(before.k) | {1}, name
+        if was.source == "hf":
+            assert now.source == "file" and Path(now.path).is_file(), name
+            assert any(line.startswith(f"eval.suites[{name}]: {was.hf_name} ") for line in cfg.rehearsal.changed)
     # Shrunk, never grown; the gate still compares (10 items at least).
     assert cfg.grpo.steps_per_round <= 4 and cfg.data.num_train <= 32 and cfg.eval.max_problems >= 10
     assert cfg.distributed.num_processes == min(original.distributed.num_processes, 2)
@@ -105,10 +148,68 @@ def test_the_rehearsal_keeps_the_recipes_task_and_never_its_names(recipe, shared
 def test_the_embedded_recipes_and_rehearsals_are_not_rehearsed(shared_data, tmp_path):
     with pytest.raises(ConfigError, match="grpo-pipeline run"):
         rehearsal_config(load_config(ROOT / "configs" / "tiny-arith.yaml"))
-    gsm8k = ROOT / "configs" / "qwen2.5-0.5b-gsm8k.yaml"
-    once = rehearsal_config(load_config(gsm8k, [f"run_dir={tmp_path}", *local_data(gsm8k, shared_data)]))
+    _, once = rehearsed(GSM8K, shared_data, tmp_path)
     with pytest.raises(ConfigError, match="already rehearses"):
         rehearsal_config(once)
+
+
+def test_the_gsm8k_rehearsal_evaluates_on_the_real_test_split(shared_data, tmp_path):
+    original, cfg = rehearsed(GSM8K, shared_data, tmp_path)
+    test = cfg.eval.suite("gsm8k_test")
+    assert (test.source, Path(test.path)) == ("file", (shared_data / "gsm8k_test.jsonl").resolve())
+    assert cfg.registry.gating_metric == "gsm8k_test/accuracy" and cfg.gating_suite() == "gsm8k_test"
+    rows = load_source(test.data_config())  # the 1,319 problems, asked as the recipe asks them
+    system, user = json.loads(rows.iloc[0]["prompt"])
+    assert len(rows) == 1319 and system["content"] == original.data.system_prompt
+    assert user["content"] == json.loads((shared_data / "gsm8k_test.jsonl").read_text().splitlines()[0])["question"]
+    assert cfg.eval.for_suite("gsm8k_test").max_problems == 16  # scored on the first 16 in the rehearsal
+    # What was replaced is said where the rehearsal is described: the summary and the model card.
+    replaced = f"eval.suites[gsm8k_test]: openai/gsm8k (config 'main', split 'test') -> {Path(test.path)}"
+    assert any(line.startswith(replaced) for line in cfg.rehearsal.changed)
+    assert any(replaced in line for line in cfg.rehearsal.lines())
+    assert "eval.suites[gsm8k_test].max_problems: None -> 16" in cfg.rehearsal.changed
+
+
+def test_the_code_rehearsal_trains_on_code_rl_rows_and_scores_humaneval_and_mbpp(shared_data, tmp_path, code_sandbox):
+    original, cfg = rehearsed(CODER, shared_data, tmp_path)
+    assert cfg.data.source == "file" and "humaneval" not in Path(cfg.data.path).name.lower()
+    humaneval, mbpp = cfg.eval.suite("humaneval"), cfg.eval.suite("mbpp")
+    assert Path(humaneval.path) == (shared_data / "HumanEval.jsonl.gz").resolve()
+    assert len(load_source(humaneval.data_config())) == 164
+    assert Path(mbpp.path).parent == local_data_dir(original)
+    assert (cfg.registry.gating_metric, cfg.registry.guard) == ("humaneval/pass_at_1", ["mbpp/pass_at_1"])
+    # The MBPP stand-in rows are honest: each reference solution passes its asserts, by the suite's own scorer.
+    rows = load_source(mbpp.data_config())
+    (correct,), _ = build_rewards([cfg.eval.for_suite("mbpp").correctness_reward])
+    prompts, columns = reward_columns(rows, 1)
+    answers = [f"```python\n{code}```" for code in rows["answer"]]
+    assert correct(prompts=prompts, completions=answers, **columns) == [1.0] * len(rows)
+    assert correct(prompts=prompts, completions=["```python\npass\n```"] * len(rows), **columns) == [0.0] * len(rows)
+
+
+def test_the_gsm8k_stand_in_rows_are_right():
+    for row in gsm8k_rows():
+        steps = re.findall(r"<<(\d+)([-+*])(\d+)=(\d+)>>", row["answer"])
+        assert len(steps) == 2 and all(OPS[op](int(a), int(b)) == int(c) for a, op, b, c in steps)
+        assert steps[0][3] == steps[1][0] and row["answer"].endswith(f"#### {steps[1][3]}")
+
+
+def test_hub_suites_without_a_local_copy_say_where_to_put_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hf-home"))
+    train = write_jsonl(tmp_path / "train.jsonl", open_r1_rows())
+    cfg = load_config(CODER, [f"run_dir={tmp_path}", "data.source=file", f"data.path={train}"])
+    with pytest.raises(ConfigError) as err:
+        rehearsal_config(cfg)
+    message = str(err.value)
+    assert "eval.suites[humaneval]: openai/openai_humaneval (split 'test') cannot be fetched: " in message
+    assert "eval.suites[mbpp]: evalplus/mbppplus (split 'test') cannot be fetched" in message
+    assert str(tmp_path / "rehearsal" / "local-data") in message and "heldout" not in message
+    # One copy put there is read; the error then names the other alone.
+    write_jsonl(local_data_dir(cfg) / "mbpp.jsonl", mbpp_rows())
+    with pytest.raises(ConfigError, match=r"eval\.suites\[humaneval\]") as err:
+        rehearsal_config(cfg)
+    assert "eval.suites[mbpp]" not in str(err.value)
 
 
 def test_hub_data_without_the_hub_names_the_local_copy_to_use(tmp_path, monkeypatch):
@@ -133,7 +234,7 @@ def test_every_shipped_recipe_rehearses_and_registers_under_the_rehearsal_name(
     recipe, shared_data, code_sandbox, prefect_api, tmp_path
 ):
     summary_path = tmp_path / "summary.json"
-    args = ["rehearse", "--config", str(recipe), f"run_dir={tmp_path / 'runs'}", *local_data(recipe, shared_data)]
+    args = ["rehearse", "--config", str(recipe), *local_data(recipe, shared_data, tmp_path, tmp_path / "runs")]
     env = cli_env(tmp_path, PREFECT_API_URL=prefect_api)
     result = run_cli([*args, "--summary-json", str(summary_path)], env, timeout=900)
     out = result.stdout + result.stderr
@@ -145,3 +246,9 @@ def test_every_shipped_recipe_rehearses_and_registers_under_the_rehearsal_name(
     assert names == {cfg.registry.model_name + "-rehearsal"}, names
     assert [s["stage"] for s in summary["stages"] if s["stage"].startswith("grpo-round")]  # GRPO really trained
     assert "Rehearsal of " + cfg.name in out and "Not rehearsed here" in out  # the console says so
+    # Every policy was scored on every suite of the recipe, the hub ones from their local copies.
+    assert [s["name"] for s in summary["suites"]] == cfg.eval.suite_names()
+    for suite in cfg.eval.suites:
+        assert suite.name in out
+        if suite.source == "hf":
+            assert f"eval.suites[{suite.name}]: {suite.hf_name}" in out
