@@ -7,16 +7,25 @@
     whose Python is already started.
 Programs: `--programs` generated ones (default 200) of ten kinds (sums, sorting, string and grid work), a fifth of
 them wrong, each with `--cases` stdin/stdout cases (default 5). Both must agree on every verdict.
-The last line is `stdio_speedup=<x> isolated=<true|false> per_case_ms=<sandbox ms per case>`.
+The last line is `stdio_speedup=<x> isolated=<true|false> per_case_ms=<sandbox ms per case> cpu_speedup=<x>
+cpu_per_case_ms=<ms>`: wall-clock and CPU time (of this process and every process it started, the sandboxes'
+included). Other work on the machine moves the wall-clock ratio a lot (6-17x on 2 cores shared with test runs);
+the CPU ratio much less.
 
 Run: `python benchmarks/stdio.py [--programs N] [--cases K]` from the repository root.
+
+Before/after in one run: `--before OLD_HARNESS.py` (e.g. `git show <rev>:rewards/_harness.py > /tmp/old.py`) times
+the sandbox with that harness too, in alternating rounds with the current one (`--rounds`, median of each), so both
+see the same load; a line `before: ...` with the same fields then precedes the last line.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,6 +39,7 @@ from grpo_pipeline.rewards._harness import outputs_match
 from grpo_pipeline.rewards.code import IoLimits, stdio_job
 from grpo_pipeline.rewards.code_formats import StdioCase
 from grpo_pipeline.rewards.sandbox import Sandbox, SandboxConfig
+from grpo_pipeline.rewards.sandbox import config as sandbox_config
 
 logger = logging.getLogger("benchmarks.stdio")
 
@@ -137,47 +147,111 @@ def naive(programs: list[tuple[str, list[StdioCase]]], workers: int, timeout_s: 
         return list(pool.map(lambda item: run(item, tmp), enumerate(programs)))
 
 
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds of `root`'s descendants so far, with what each has reaped (a worker's fork server reaps every
+    process of its programs, so its children's times hold theirs)."""
+    children: dict[int, list[tuple[int, list[str]]]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            children.setdefault(int(fields[1]), []).append((int(name), fields))
+    ticks, stack = 0, [root]
+    while stack:
+        for pid, fields in children.get(stack.pop(), []):
+            ticks += sum(int(t) for t in fields[11:15])  # utime, stime, cutime, cstime
+            stack.append(pid)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s(children: bool = False) -> float:
+    t = os.times()
+    return t.user + t.system + (t.children_user + t.children_system if children else 0.0)
+
+
+def time_sandbox(jobs: list, timeout_s: float, harness: str | None = None) -> tuple[float, float, list, Sandbox]:
+    """Seconds and CPU seconds (this process and the sandboxes') for the sandbox to run `jobs` (after a warm-up
+    that starts its workers), the results and the sandbox; `harness`: another harness's source (`--before`)."""
+    current = sandbox_config.HARNESS_SOURCE
+    if harness is not None:
+        sandbox_config.HARNESS_SOURCE = harness
+    try:
+        sandbox = Sandbox(SandboxConfig(timeout_s=timeout_s))
+        sandbox.run(jobs[:2])  # warm-up: the workers' sandboxes start once
+        roots = [w.proc.pid for w in sandbox._workers if w is not None]
+        cpu, start = own_cpu_s() + sum(map(tree_cpu_s, roots)), time.perf_counter()
+        results = sandbox.run(jobs)
+        seconds = time.perf_counter() - start
+        cpu = own_cpu_s() + sum(map(tree_cpu_s, roots)) - cpu
+        sandbox.close()
+    finally:
+        sandbox_config.HARNESS_SOURCE = current
+    return seconds, cpu, results, sandbox
+
+
+def timed_rounds(jobs: list, timeout_s: float, before: str | None, rounds: int) -> tuple[dict, list, Sandbox]:
+    """{"after": [(seconds, CPU seconds) per round], "before": [...]}, the current harness's results and its
+    sandbox; with a `before` harness, `rounds` alternating rounds of each (both must give the same verdicts)."""
+    times: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
+    for _ in range(rounds if before else 1):
+        if before:
+            seconds, cpu, old, _ = time_sandbox(jobs, timeout_s, before)
+            times["before"].append((seconds, cpu))
+        seconds, cpu, results, sandbox = time_sandbox(jobs, timeout_s)
+        times["after"].append((seconds, cpu))
+        if before and [r.score() for r in old] != [r.score() for r in results]:
+            sys.exit("the --before harness and the current one disagree on some verdicts")
+    return times, results, sandbox
+
+
+def ratios(naive: tuple[float, float], ours: tuple[float, float], n_cases: int, isolated: bool | None = None) -> str:
+    """The result line: wall-clock and CPU speedups over the naive runner, and the sandbox's ms per case."""
+    where = "" if isolated is None else f" isolated={str(isolated).lower()}"
+    return (
+        f"stdio_speedup={naive[0] / ours[0]:.1f}{where} per_case_ms={1000 * ours[0] / n_cases:.2f} "
+        f"cpu_speedup={naive[1] / ours[1]:.1f} cpu_per_case_ms={1000 * ours[1] / n_cases:.2f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--programs", type=int, default=200)
     parser.add_argument("--cases", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=10.0, help="Per-case timeout (s).")
+    parser.add_argument("--before", type=Path, help="Another harness source, timed in the same run.")
+    parser.add_argument("--rounds", type=int, default=3, help="Alternating rounds with --before.")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     programs = make_programs(args.programs, args.cases)
     io = IoLimits(case_timeout_s=args.timeout)
     jobs = [stdio_job(program, cases, io) for program, cases in programs]
-
-    sandbox = Sandbox(SandboxConfig(timeout_s=args.timeout * args.cases))
-    sandbox.run(jobs[:2])  # warm-up: the workers' sandboxes start once
-    start = time.perf_counter()
-    results = sandbox.run(jobs)
-    sandbox_s = time.perf_counter() - start
-    sandbox.close()
-    ours = [r.score() == 1.0 for r in results]
     n_cases = sum(len(c) for _, c in programs)
-    logger.info(
-        "sandbox (isolated=%s, %d workers): %.2f s for %d programs x %d cases",
-        sandbox.isolated,
-        sandbox.workers,
-        sandbox_s,
-        len(programs),
-        args.cases,
-    )
 
-    start = time.perf_counter()
+    before = args.before.read_text() if args.before else None
+    times, results, sandbox = timed_rounds(jobs, args.timeout * args.cases, before, args.rounds)
+    sandbox_s, sandbox_cpu = (statistics.median(t[i] for t in times["after"]) for i in (0, 1))
+    ours = [r.score() == 1.0 for r in results]
+    logger.info("sandbox (isolated=%s, %d workers): %.2f s (%.2f s of CPU) for %d programs x %d cases",
+                sandbox.isolated, sandbox.workers, sandbox_s, sandbox_cpu, len(programs), args.cases)  # fmt: skip
+
+    cpu, start = own_cpu_s(children=True), time.perf_counter()
     theirs = naive(programs, sandbox.workers, args.timeout)
-    naive_s = time.perf_counter() - start
-    logger.info("naive (python subprocess per case, %d at a time): %.2f s", sandbox.workers, naive_s)
+    naive_s, naive_cpu = time.perf_counter() - start, own_cpu_s(children=True) - cpu
+    logger.info("naive (python subprocess per case, %d at a time): %.2f s (%.2f s of CPU)",
+                sandbox.workers, naive_s, naive_cpu)  # fmt: skip
 
     disagree = [i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b]
     if disagree:
         sys.exit(f"verdicts disagree on {len(disagree)} programs: {disagree[:10]}")
     logger.info("verdicts agree on all %d programs (%d pass)", len(programs), sum(ours))
-    print(
-        f"stdio_speedup={naive_s / sandbox_s:.1f} isolated={str(sandbox.isolated).lower()} "
-        f"per_case_ms={1000 * sandbox_s / n_cases:.2f}"
-    )
+    if before:
+        before_s, before_cpu = (statistics.median(t[i] for t in times["before"]) for i in (0, 1))
+        logger.info("rounds (s, CPU s): before %s, after %s", [f"{a:.2f}, {b:.2f}" for a, b in times["before"]],
+                    [f"{a:.2f}, {b:.2f}" for a, b in times["after"]])  # fmt: skip
+        print("before:", ratios((naive_s, naive_cpu), (before_s, before_cpu), n_cases))
+    print(ratios((naive_s, naive_cpu), (sandbox_s, sandbox_cpu), n_cases, sandbox.isolated))
 
 
 if __name__ == "__main__":
