@@ -7,7 +7,8 @@ Test styles, chosen per row from the dataset columns (docs/rewards.md has a tabl
   - MBPP (Austin et al. 2021): `test_list` (or `test` as a list) holds assert statements, e.g.
     `assert remove_Occ("hello","l") == "heo"`; optional `test_setup_code` runs after the program, in its process.
   - stdin/stdout and call-based tests of APPS/TACO, CodeContests, LiveCodeBench and open-r1, parsed by
-    rewards/code_formats/: each stdin case runs the program afresh; call-based cases call its entry point.
+    rewards/code_formats/: each stdin case runs the program afresh (as `python prog.py`, shutdown included) and its
+    stdout is compared as that dataset's own checker compares; call-based cases call its entry point.
 
 Scores are 1/0 (`mode="pass"`: every test passed) or the passed fraction (`mode="fraction"`); a HumanEval unit is one
 top-level statement of `check` that contains an assert, an MBPP unit one assert string. Rows without tests get None.

@@ -30,6 +30,10 @@ Everything is parsed: how many cases to run, and within what time, is the harnes
 is missing (None, NaN or an empty string) counts as absent. Malformed tests raise `TestFormatError`, which names the
 column and says what is wrong: they are a dataset problem, not the program's.
 
+How stdout is compared is the format's too: each stdin/stdout format names the rule of its dataset's own checker
+(`STDOUT_RULES` in `cases`, read as `ParsedTests.stdout_rule`; the harness implements each, and docs/rewards.md
+tables them with their sources).
+
 How call results are compared (the harness's job, recorded here because the formats decide it): a returned tuple
 counts as a list (both APPS's and LiveCodeBench's checkers convert it); with `unwrap_single` (APPS/TACO) a result
 also passes when `[out] == expected`, because APPS wraps most expected return values in a one-element list and its
