@@ -217,7 +217,7 @@ def main() -> None:
             )
     reward_names = [r.name for r in cfg.grpo.rewards]
     for reg in summary["registrations"]:
-        c = curves(run_dir, reg["run_id"], cfg.eval.correctness_reward)
+        c = curves(run_dir, reg["run_id"], cfg.eval.correctness_reward.name)
         share = sandbox_share(run_dir, reg["run_id"], reward_names)
         if share is not None:
             reward_s, train_s, steps = share
@@ -226,7 +226,7 @@ def main() -> None:
                 f"  sandbox share of GRPO wall time (model version {reg['version']}): {100 * reward_s / train_s:.1f}% "
                 f"(code reward {reward_s:.1f} s of {train_s:.1f} s training{per_step})"
             )
-        r, acc, zero = c["reward"], c[f"rewards/{cfg.eval.correctness_reward}/mean"], c["frac_reward_zero_std"]
+        r, acc, zero = c["reward"], c[f"rewards/{cfg.eval.correctness_reward.name}/mean"], c["frac_reward_zero_std"]
         probe = c["probe/greedy_accuracy"]
         print(
             f"  sampled reward (model version {reg['version']}): {_mean_of(r, True):.3f} -> {_mean_of(r, False):.3f} "

@@ -19,22 +19,25 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from grpo_pipeline.configs.base import UNKEYED, ConfigError, Section, keyed_view, section_hash
 from grpo_pipeline.configs.data import FUNCTION_FAMILIES, DataConfig, SyntheticTaskConfig
 from grpo_pipeline.configs.distributed import DistributedConfig
-from grpo_pipeline.configs.eval import EvalConfig
+from grpo_pipeline.configs.eval import CORRECTNESS, HELDOUT, EvalConfig, EvalSuiteConfig
 from grpo_pipeline.configs.grpo import DifficultyFilterConfig, GRPOStageConfig, RewardSpec
 from grpo_pipeline.configs.model import LoraAdapterConfig, ModelConfig, TinyModelConfig
 from grpo_pipeline.configs.monitors import MonitorsConfig
-from grpo_pipeline.configs.registry import RegistryConfig
+from grpo_pipeline.configs.registry import RegistryConfig, split_metric
 from grpo_pipeline.configs.rehearsal import RehearsalConfig
 from grpo_pipeline.configs.sft import SFTStageConfig
 
 __all__ = [
+    "CORRECTNESS",
     "FUNCTION_FAMILIES",
+    "HELDOUT",
     "UNKEYED",
     "ConfigError",
     "DataConfig",
     "DifficultyFilterConfig",
     "DistributedConfig",
     "EvalConfig",
+    "EvalSuiteConfig",
     "GRPOStageConfig",
     "LoraAdapterConfig",
     "ModelConfig",
@@ -50,6 +53,7 @@ __all__ = [
     "keyed_view",
     "load_config",
     "section_hash",
+    "split_metric",
 ]
 
 
@@ -86,6 +90,50 @@ class PipelineConfig(Section):
         if not v or any(c in v for c in "/\\ "):
             raise ValueError("name must be non-empty without slashes or spaces (it names directories)")
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _correctness_as_trained(cls, raw: Any) -> Any:
+        """A correctness reward given by name alone (eval.correctness_reward, a suite's correctness_reward) takes
+        the params and timeout of the grpo.rewards entry of that name: one spec scores training and every
+        evaluation alike (see EvalConfig.correctness_reward)."""
+        if not isinstance(raw, dict):
+            return raw
+        section, grpo = raw.get("eval", {}), raw.get("grpo")
+        if not isinstance(section, dict) or not isinstance(grpo, dict) or not isinstance(grpo.get("rewards"), list):
+            return raw
+        trained = {r["name"]: r for r in grpo["rewards"] if isinstance(r, dict) and isinstance(r.get("name"), str)}
+        section = {
+            **section,
+            "correctness_reward": _as_trained(section.get("correctness_reward", "correctness"), trained),
+        }
+        if isinstance(section.get("suites"), list):
+            section["suites"] = [
+                {**s, "correctness_reward": _as_trained(s["correctness_reward"], trained)}
+                if isinstance(s, dict) and s.get("correctness_reward") is not None
+                else s
+                for s in section["suites"]
+            ]
+        return {**raw, "eval": section}
+
+    @model_validator(mode="after")
+    def _gate_names_suites(self) -> PipelineConfig:
+        suites = self.eval.suite_names()
+        for field, metric in [
+            ("gating_metric", self.registry.gating_metric),
+            *(("guard", m) for m in self.registry.guard),
+        ]:
+            head, _, rest = metric.partition("/")
+            if rest and head not in suites and head != "reward":
+                raise ValueError(
+                    f"registry.{field} {metric!r} names no eval suite {head!r}; the suites are {suites} "
+                    f"(write <suite>/<metric>, e.g. {suites[0]}/accuracy)"
+                )
+        return self
+
+    def gating_suite(self) -> str:
+        """The suite whose metric the gate decides on."""
+        return split_metric(self.registry.gating_metric, self.eval.suite_names())[0]
 
     @model_validator(mode="after")
     def _probe_has_rows(self) -> PipelineConfig:
@@ -130,6 +178,14 @@ class PipelineConfig(Section):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _as_trained(spec: Any, trained: dict[str, dict]) -> Any:
+    """`spec` with the params and timeout of the training reward it names, when it gives a name alone."""
+    name = spec if isinstance(spec, str) else spec.get("name") if isinstance(spec, dict) else None
+    if name not in trained or (isinstance(spec, dict) and set(spec) - {"name"}):
+        return spec  # a spec of its own, or a reward training does not use
+    return {"name": name, **{k: trained[name][k] for k in ("params", "timeout_s") if k in trained[name]}}
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:

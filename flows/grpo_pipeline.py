@@ -1,7 +1,8 @@
 """The pipeline as one Prefect flow. It reads top to bottom like the DAG it runs:
 
-    prepare_data -> validate_data -> pin_model -> base_model -> check_inputs -> sft_warmup -> evaluate(sft)
-        -> [grpo_round(r), r = 1..R: (difficulty_filter(r)) -> grpo_train(r) -> evaluate(r) -> register(r)]
+    prepare_data -> validate_data -> prepare_suite(s) -> decontaminate -> pin_model -> base_model -> check_inputs
+        -> sft_warmup -> evaluate(sft, every suite)
+        -> [grpo_round(r), r = 1..R: (difficulty_filter(r)) -> grpo_train(r) -> evaluate(r, every suite) -> register(r)]
 
 Each stage is a thin Prefect task over a plain function in tasks/ (usable without Prefect). Tasks exchange paths
 plus content fingerprints, never models or DataFrames. A stage's cache key is the one key that also names its
@@ -22,16 +23,18 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
-from grpo_pipeline.configs.schema import ConfigError, ModelConfig, PipelineConfig, load_config
+from grpo_pipeline.configs.schema import HELDOUT, ConfigError, ModelConfig, PipelineConfig, load_config
 from grpo_pipeline.flows.grpo_train import RoundFailed, remote_grpo_train
 from grpo_pipeline.flows.summary import Round, StageRecord, Summary
 from grpo_pipeline.rewards.registry import RewardError
 from grpo_pipeline.runtime import setup
-from grpo_pipeline.tasks.core.common import Checkpoint, damaged
+from grpo_pipeline.tasks.core.common import Checkpoint, Ref, damaged
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.core.tracking import unreachable
 from grpo_pipeline.tasks.data import DatasetRefs
 from grpo_pipeline.tasks.data import prepare_data as _prepare_data
+from grpo_pipeline.tasks.decontaminate import Decontamination
+from grpo_pipeline.tasks.decontaminate import decontaminate as _decontaminate
 from grpo_pipeline.tasks.difficulty import Rollouts, filters_round
 from grpo_pipeline.tasks.difficulty import filter_by_difficulty as _filter_by_difficulty
 from grpo_pipeline.tasks.evaluate import evaluate as _evaluate
@@ -45,6 +48,8 @@ from grpo_pipeline.tasks.sft import sft_warmup as _sft_warmup
 from grpo_pipeline.tasks.sft_check import SFTNotLearnedError
 from grpo_pipeline.tasks.sft_check import check_sft as _check_sft
 from grpo_pipeline.tasks.sources import DataError
+from grpo_pipeline.tasks.suites import prepare_suite as _prepare_suite
+from grpo_pipeline.tasks.suites import suite_sources
 from grpo_pipeline.tasks.training.monitor import TrainingHealthError
 from grpo_pipeline.tasks.training.trainer import check_model_runtime
 from grpo_pipeline.tasks.training.vllm_rollouts import check_vllm_runtime
@@ -110,6 +115,8 @@ def stage_task(fn: Callable[..., Any], name: str, **options: Any) -> Task:
 
 prepare_data = stage_task(_prepare_data, "prepare_data")
 validate_data = stage_task(_validate_data, "validate_data")
+prepare_suite = stage_task(_prepare_suite, "prepare_suite", task_run_name="prepare_suite-{suite.name}")
+decontaminate = stage_task(_decontaminate, "decontaminate")
 # An alias (models:/x@champion) names one version for the whole run; resolved afresh by every run, never cached.
 pin_model = task(pin_registered, name="pin_model", cache_policy=NO_CACHE, **RETRIED)
 base_model = stage_task(prepare_base_model, "base_model")
@@ -151,6 +158,7 @@ class Stages:
     Checks (`listed=False`) run the same way but stay out of the summary's table of stages."""
 
     records: list[StageRecord] = field(default_factory=list)
+    suite_seconds: dict[str, float] = field(default_factory=dict)  # each eval suite's evaluations, all models
 
     def __call__(self, name: str, stage: Task, /, *, listed: bool = True, **inputs: Any) -> Any:
         start = time.perf_counter()
@@ -191,8 +199,7 @@ def grpo_pipeline(
     check_vllm_runtime(cfg.grpo)  # so do vLLM rollouts
     ctx, run = RunContext.of(cfg), Stages()
 
-    data = run("prepare_data", prepare_data, cfg=cfg.data, run_dir=cfg.run_dir)
-    data = run("validate_data", validate_data, refs=data, cfg=cfg.data)
+    data, suites, clean = prepare_inputs(run, cfg)
     model_cfg = run("pin_model", pin_model, listed=False, cfg=cfg.model, run_dir=cfg.run_dir)
     base = run("base_model", base_model, cfg=model_cfg, run_dir=cfg.run_dir, seed=cfg.seed)
     # Before anything trains: rewards score real rows, prompts fit the context, one GRPO batch of rows exists.
@@ -201,21 +208,24 @@ def grpo_pipeline(
         data=data, base=base, grpo=cfg.grpo, eval_cfg=cfg.eval, sft_enabled=cfg.sft.enabled,
     )  # fmt: skip
     policy, label = base, "base"
+    scores_of: dict[str, Scores] = {}
+    if cfg.eval.score_base and cfg.sft.enabled:
+        scores_of["base"] = evaluate_suites(run, cfg, base, suites, "base")
     if cfg.sft.enabled:
         policy = run(
             "sft_warmup", sft_warmup,
             base=base, train=data.sft_train, cfg=cfg.sft, model_cfg=model_cfg, ctx=ctx, **sft_bar(cfg, data),
         )  # fmt: skip
         label = "sft"
-    baseline = run(
-        f"evaluate-{label}", evaluate,
-        policy=policy, held_out=data.eval, cfg=cfg.eval, ctx=ctx, label=label, rewards=cfg.grpo.rewards,
-    )  # fmt: skip
+    scores_of[label] = evaluate_suites(run, cfg, policy, suites, label)
+    baselines = scores_of[label]
+    baseline = baselines[cfg.gating_suite()]
     learned = None  # before GRPO: has SFT learned its data? (a warning, or an error with monitors.sft_not_learned)
     if cfg.sft.enabled and cfg.monitors.sft_min_ratio:
         learned = run(
             "check_sft", check_sft, listed=False,
-            train=data.train, sft=baseline, correctness_reward=cfg.eval.correctness_reward, monitors=cfg.monitors,
+            train=data.train, sft=baselines.get(HELDOUT, baseline), correctness_reward=cfg.eval.correctness_reward,
+            monitors=cfg.monitors,
         )  # fmt: skip
     warning = learned.warning if learned else None
 
@@ -224,10 +234,53 @@ def grpo_pipeline(
         # Lineage: a round's parent is the version registered for the round before it, else the base model by name.
         parent = next((x.registration.model_uri for x in reversed(rounds) if x.registration), base.lineage)
         start = rounds[-1].policy if rounds else policy
-        step = grpo_round(run, cfg, r, start=start, parent=parent, data=data, baseline=baseline, model_cfg=model_cfg,
-                          sft_warning=warning)  # fmt: skip
+        step = grpo_round(run, cfg, r, start=start, parent=parent, data=data, suites=suites, baselines=baselines,
+                          model_cfg=model_cfg, sft_warning=warning, clean=clean)  # fmt: skip
         rounds.append(step)
-    return report(cfg, Summary.build(cfg, run.records, baseline, rounds, sft_warning=warning))
+    summary = Summary.build(
+        cfg, run.records, baseline, rounds,
+        sft_warning=warning, scores_of=scores_of, suite_seconds=run.suite_seconds, clean=clean,
+    )  # fmt: skip
+    return report(cfg, summary)
+
+
+Scores = dict[str, EvalResult]  # a policy's evaluation on every suite, by suite name, in the configured order
+
+
+def evaluate_suites(run: Stages, cfg: PipelineConfig, policy: Checkpoint, suites: dict[str, Ref], label: str) -> Scores:
+    """`policy` scored on every suite, each suite its own cached stage (`evaluate-<label>` for the held-out split,
+    as before suites existed, `evaluate-<label>-<suite>` for the others). The training rewards' means are scored on
+    the held-out split only: another benchmark's rows need not have the columns they read."""
+    scores: Scores = {}
+    for name, rows in suites.items():
+        held_out = cfg.eval.suite(name).source == HELDOUT
+        stage_label = label if name == HELDOUT else f"{label}-{name}"
+        scores[name] = run(
+            f"evaluate-{stage_label}", evaluate,
+            policy=policy, held_out=rows, cfg=cfg.eval.for_suite(name), ctx=RunContext.of(cfg), label=stage_label,
+            rewards=cfg.grpo.rewards if held_out else None,
+        ).model_copy(update={"suite": name})  # fmt: skip
+        run.suite_seconds[name] = run.suite_seconds.get(name, 0.0) + run.records[-1].seconds
+    return scores
+
+
+def prepare_inputs(run: Stages, cfg: PipelineConfig) -> tuple[DatasetRefs, dict[str, Ref], Decontamination | None]:
+    """The training data and every eval suite's rows, validated; training rows that overlap a suite's prompts are
+    dropped (data.decontaminate) before anything trains."""
+    data = run("prepare_data", prepare_data, cfg=cfg.data, run_dir=cfg.run_dir)
+    data = run("validate_data", validate_data, refs=data, cfg=cfg.data)
+    suites = suite_sources(cfg.eval, data.eval, {
+        s.name: run(f"prepare_suite-{s.name}", prepare_suite, suite=s, run_dir=cfg.run_dir)
+        for s in cfg.eval.suites if s.source != HELDOUT
+    })  # fmt: skip
+    if cfg.data.decontaminate == "off":
+        return data, suites, None
+    clean = run(
+        "decontaminate", decontaminate,
+        train=data.train, suites=suites, mode=cfg.data.decontaminate, ngram=cfg.data.decontaminate_ngram,
+        run_dir=cfg.run_dir,
+    )  # fmt: skip
+    return data.model_copy(update={"train": clean.train}), suites, clean
 
 
 def sft_bar(cfg: PipelineConfig, data: DatasetRefs) -> dict[str, Any]:
@@ -247,9 +300,11 @@ def grpo_round(
     start: Checkpoint,
     parent: str,
     data: DatasetRefs,
-    baseline: EvalResult,
+    suites: dict[str, Ref],
+    baselines: Scores,
     model_cfg: ModelConfig,
     sft_warning: str | None = None,
+    clean: Decontamination | None = None,
 ) -> Round:
     """One GRPO round from `start`: (difficulty filter) -> grpo_train -> evaluate -> register."""
     ctx, train, kept = RunContext.of(cfg), data.train, None
@@ -266,10 +321,8 @@ def grpo_round(
         start=start, train=train, cfg=cfg.grpo, model_cfg=model_cfg, round_index=r, ctx=ctx, held_out=data.probe,
         correctness_reward=cfg.eval.correctness_reward, code_dir=cfg.code_dir, monitors=cfg.monitors,
     )  # fmt: skip
-    result = run(
-        f"evaluate-r{r}", evaluate,
-        policy=policy, held_out=data.eval, cfg=cfg.eval, ctx=ctx, label=f"r{r}", rewards=cfg.grpo.rewards,
-    )  # fmt: skip
+    scores = evaluate_suites(run, cfg, policy, suites, f"r{r}")
+    gating = cfg.gating_suite()
     registration = None
     if cfg.registry.register_each_round or r == cfg.grpo.rounds:
         tags = {
@@ -282,13 +335,15 @@ def grpo_round(
             **{f"grpo.{name}": str(value) for name, value in cfg.grpo.algorithm().items()},  # the objective trained
             **({"sft_warning": sft_warning} if sft_warning else {}),  # the model card says so too
             **({"rehearsal_of": cfg.rehearsal.recipe} if cfg.rehearsal else {}),  # grpo-pipeline rehearse
+            **({**clean.tags(), "decontam.line": clean.line()} if clean else {}),  # what it dropped from training
         }
         registration = run(
             f"register-r{r}", register,
-            policy=policy, result=result, baseline=baseline, cfg=cfg.registry, ctx=ctx, config_yaml=cfg.to_yaml(),
-            tags=tags,
+            policy=policy, result=scores[gating], baseline=baselines[gating], cfg=cfg.registry, ctx=ctx,
+            config_yaml=cfg.to_yaml(), tags=tags, suites=scores, baselines=baselines,
         )  # fmt: skip
-    return Round(index=r, policy=policy, result=result, registration=registration, difficulty=kept)
+    return Round(index=r, policy=policy, result=scores[gating], registration=registration, difficulty=kept,
+                 suites=scores)  # fmt: skip
 
 
 def report(cfg: PipelineConfig, summary: Summary) -> Summary:
@@ -296,7 +351,7 @@ def report(cfg: PipelineConfig, summary: Summary) -> Summary:
     markdown = summary.to_markdown()
     create_markdown_artifact(markdown=markdown, key="grpo-pipeline-summary", description="Run summary")
     create_table_artifact(
-        table=summary.score_table(), key="grpo-pipeline-scores", description=f"Held-out scores ({cfg.name})"
+        table=summary.score_table(), key="grpo-pipeline-scores", description=f"Scores on every eval suite ({cfg.name})"
     )
     logger = get_run_logger()  # the whole summary is the artifact (and the CLI prints it); the log gets one line
     logger.info("pipeline finished: %s (summary: artifact grpo-pipeline-summary)", summary.headline())

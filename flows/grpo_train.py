@@ -17,7 +17,7 @@ from typing import Any
 from prefect import flow
 from prefect.deployments import run_deployment
 
-from grpo_pipeline.configs.schema import GRPOStageConfig, ModelConfig, MonitorsConfig
+from grpo_pipeline.configs.schema import CORRECTNESS, GRPOStageConfig, ModelConfig, MonitorsConfig, RewardSpec
 from grpo_pipeline.runtime import add_import_paths, setup
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.core.publish import hand_over, materialize, publish, share_inputs, take_over
@@ -42,7 +42,7 @@ def grpo_train_flow(
     round_index: int,
     ctx: RunContext,
     held_out: Ref | None = None,
-    correctness_reward: str = "correctness",
+    correctness_reward: RewardSpec = CORRECTNESS,
     code_dir: str | None = None,
     monitors: MonitorsConfig | None = None,
     handoff: str | None = None,
@@ -72,7 +72,7 @@ def remote_grpo_train(
     round_index: int,
     ctx: RunContext,
     held_out: Ref | None = None,
-    correctness_reward: str = "correctness",
+    correctness_reward: RewardSpec = CORRECTNESS,
     code_dir: str | None = None,
     monitors: MonitorsConfig | None = None,
 ) -> Checkpoint:

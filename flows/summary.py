@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
-from grpo_pipeline.configs.schema import PipelineConfig, RehearsalConfig
+from grpo_pipeline.configs.schema import HELDOUT, PipelineConfig, RehearsalConfig, split_metric
 from grpo_pipeline.tasks.core.common import Checkpoint
+from grpo_pipeline.tasks.decontaminate import Decontamination
 from grpo_pipeline.tasks.difficulty import DifficultyResult
 from grpo_pipeline.tasks.release.gate import item_metric
 from grpo_pipeline.tasks.release.versions import Registration
@@ -30,6 +31,7 @@ class Round:
     result: EvalResult
     registration: Registration | None = None
     difficulty: DifficultyResult | None = None  # the difficulty filter's result, when the round was filtered
+    suites: dict[str, EvalResult] = field(default_factory=dict)  # its evaluation on every suite (`result`: gating)
 
 
 class StageRecord(BaseModel):
@@ -52,11 +54,14 @@ class RoundRow(BaseModel):
     n: int
 
     @classmethod
-    def series(cls, metric: str, models: list[tuple[str, EvalResult]], seed: int) -> list[RoundRow]:
+    def series(
+        cls, metric: str, models: list[tuple[str, EvalResult]], seed: int, suites: Sequence[str] = (HELDOUT,)
+    ) -> list[RoundRow]:
         rows: list[RoundRow] = []
         before = None
+        bare = split_metric(metric, list(suites))[1]  # `gsm8k_test/accuracy`: the gating suite's accuracy
         for model, result in models:
-            now = item_metric(result.items(), metric)
+            now = item_metric(result.items(), bare)
             row = cls(model=model, metric=metric, value=float(now.mean()), n=len(now))
             if before is not None:
                 paired = before.reindex(now.index)
@@ -104,6 +109,43 @@ class ScoreRow(BaseModel):
         return text
 
 
+class SuiteTable(BaseModel):
+    """One eval suite's scores: a row per evaluated model, the settings they were computed with, the wall time of
+    the suite's evaluations in this run (cached ones count their lookup only)."""
+
+    name: str
+    scores: list[ScoreRow]
+    eval_settings: dict[str, float | int]
+    seconds: float = 0.0
+
+    @classmethod
+    def of(cls, name: str, models: list[tuple[str, EvalResult]], seconds: float = 0.0) -> SuiteTable:
+        return cls(
+            name=name,
+            scores=[ScoreRow.of(model, result) for model, result in models],
+            eval_settings=_settings(models[0][1]),
+            seconds=seconds,
+        )
+
+    def heading(self, alone: bool) -> str:
+        settings = ", ".join(f"{k}={v}" for k, v in self.eval_settings.items())
+        timing = f"; evaluated in {self.seconds:.1f} s" if self.seconds else ""
+        if alone and self.name == HELDOUT:
+            return f"Held-out scores ({settings}{timing}):"
+        return f"Suite `{self.name}` ({settings}{timing}):"
+
+
+def _settings(result: EvalResult) -> dict[str, float | int]:
+    return {
+        "problems": result.num_problems,
+        "n": result.n_samples,
+        "temperature": result.temperature,
+        "top_p": result.top_p,
+        "max_new_tokens": result.max_new_tokens,
+        "seed": result.seed,
+    }
+
+
 class Summary(BaseModel):
     recipe: str
     config_hash: str
@@ -124,6 +166,9 @@ class Summary(BaseModel):
     rollouts: str = ""  # what generated GRPO's rollouts, each distinct answer once
     # `grpo-pipeline rehearse`: which recipe this run rehearses, what it changed, what it could not rehearse.
     rehearsal: RehearsalConfig | None = None
+    # Every eval suite's table, in the configured order (`scores` and `eval_settings` are the gating suite's).
+    suites: list[SuiteTable] = []
+    decontamination: str = ""  # what decontamination dropped from the training rows, in a sentence
 
     @classmethod
     def build(
@@ -133,25 +178,30 @@ class Summary(BaseModel):
         baseline: EvalResult,
         rounds: list[Round],
         sft_warning: str | None = None,
+        scores_of: dict[str, dict[str, EvalResult]] | None = None,
+        suite_seconds: dict[str, float] | None = None,
+        clean: Decontamination | None = None,
     ) -> Summary:
         scores = [ScoreRow.of("sft" if cfg.sft.enabled else "base", baseline)]
         scores += [ScoreRow.of(f"grpo round {r.index}", r.result) for r in rounds]
         models = [(scores[0].model, baseline), *((f"grpo round {r.index}", r.result) for r in rounds)]
+        every = [*(scores_of or {}).items(), *((f"grpo round {r.index}", r.suites) for r in rounds)]
+        suites = [
+            SuiteTable.of(name, [(model, by_suite[name]) for model, by_suite in every if name in by_suite],
+                          (suite_seconds or {}).get(name, 0.0))
+            for name in cfg.eval.suite_names()
+            if scores_of
+        ]  # fmt: skip
         return cls(
+            suites=suites,
+            decontamination=clean.line() if clean else "",
             recipe=cfg.name,
             config_hash=cfg.fingerprint()[:12],
             stages=stages,
             scores=scores,
-            rounds=RoundRow.series(cfg.registry.gating_metric, models, cfg.seed),
+            rounds=RoundRow.series(cfg.registry.gating_metric, models, cfg.seed, cfg.eval.suite_names()),
             registrations=[r.registration for r in rounds if r.registration is not None],
-            eval_settings={
-                "problems": baseline.num_problems,
-                "n": baseline.n_samples,
-                "temperature": baseline.temperature,
-                "top_p": baseline.top_p,
-                "max_new_tokens": baseline.max_new_tokens,
-                "seed": baseline.seed,
-            },
+            eval_settings=_settings(baseline),
             difficulty_filters=[r.difficulty for r in rounds if r.difficulty is not None],
             health=[list(r.policy.alarms) for r in rounds],
             notes=[list(r.policy.notes) for r in rounds],
@@ -174,19 +224,23 @@ class Summary(BaseModel):
         return "; ".join([p for p in parts if p] + [f"{self.total_seconds:.0f} s"])
 
     def score_table(self) -> list[dict[str, str | float | int]]:
-        """One row per evaluated model with its scores and the eval settings (a Prefect table artifact)."""
+        """One row per evaluated model and suite with its scores and the eval settings (a Prefect table artifact)."""
+        tables = self.suites or [SuiteTable(name=HELDOUT, scores=self.scores, eval_settings=self.eval_settings)]
         return [
             {
                 "model": row.model,
+                "suite": table.name,
                 **row.metrics,
                 **{f"unscored/{m}": u for m, u in row.unscored.items()},
-                **self.eval_settings,
+                **table.eval_settings,
             }
-            for row in self.scores
+            for table in tables
+            for row in table.scores
         ]
 
-    def score_columns(self) -> list[str]:
-        return list(self.scores[0].metrics) if self.scores else []
+    def score_columns(self, rows: Sequence[ScoreRow] | None = None) -> list[str]:
+        rows = self.scores if rows is None else rows
+        return list(rows[0].metrics) if rows else []
 
     def to_markdown(self, width: int = WIDTH) -> str:
         """The summary as Markdown whose tables, rendered on a console `width` columns wide (rich pads each cell with
@@ -207,18 +261,9 @@ class Summary(BaseModel):
             lines += ["", f"GRPO rollouts generated by: {self.rollouts}."]
         if self.sft_warning:
             lines += ["", f"**Warning**: {self.sft_warning}."]
-        settings = ", ".join(f"{k}={v}" for k, v in self.eval_settings.items())
-        lines += ["", f"Held-out scores ({settings}):"]
-        for group in self.score_groups(width):
-            lines += ["", "| model | " + " | ".join(group) + " |", "|---|" + "---:|" * len(group)]
-            lines += [f"| {row.model} | " + " | ".join(row.shown(c) for c in group) + " |" for row in self.scores]
-        unscored = [f"- {row.model}: {row.unscored_line}" for row in self.scores if row.unscored_line]
-        if unscored:
-            lines += [
-                "",
-                "Unscored completions (left out of the scores above, which say over how many items):",
-                *unscored,
-            ]
+        if self.decontamination:
+            lines += ["", f"{self.decontamination[:1].upper()}{self.decontamination[1:]}."]
+        lines += self.suite_lines(width)
         if len(self.rounds) > 1:
             first = self.rounds[0]
             lines += [
@@ -241,13 +286,35 @@ class Summary(BaseModel):
             lines += ["", *self.registration_lines()]
         return "\n".join(lines)
 
-    def score_groups(self, width: int = WIDTH) -> list[list[str]]:
+    def suite_lines(self, width: int = WIDTH) -> list[str]:
+        """Each suite's scores as tables that fit `width`, then what the correctness reward left unscored."""
+        tables = self.suites or [SuiteTable(name=HELDOUT, scores=self.scores, eval_settings=self.eval_settings)]
+        lines = []
+        for table in tables:
+            lines += ["", table.heading(alone=len(tables) == 1)]
+            for group in self.score_groups(width, table.scores):
+                lines += ["", "| model | " + " | ".join(group) + " |", "|---|" + "---:|" * len(group)]
+                lines += [f"| {row.model} | " + " | ".join(row.shown(c) for c in group) + " |" for row in table.scores]
+        named = len(tables) > 1
+        unscored = [
+            f"- {row.model}{f' on {table.name}' if named else ''}: {row.unscored_line}"
+            for table in tables
+            for row in table.scores
+            if row.unscored_line
+        ]
+        if unscored:
+            lines += ["", "Unscored completions (left out of the scores above, which say over how many items):"]
+            lines += unscored
+        return lines
+
+    def score_groups(self, width: int = WIDTH, rows: Sequence[ScoreRow] | None = None) -> list[list[str]]:
         """The score columns in tables that fit `width`, each beside the model column: a metric's family (`pass_at_*`,
         `maj_at_*`, `reward/*`) stays in one table where it fits in one."""
-        cols = self.score_columns()
-        cells = {c: [c, *(row.shown(c) for row in self.scores)] for c in cols}
+        rows = self.scores if rows is None else rows
+        cols = self.score_columns(rows)
+        cells = {c: [c, *(row.shown(c) for row in rows)] for c in cols}
         wide = {c: _cell_width(texts) for c, texts in cells.items()}
-        model = _cell_width(["model", *(row.model for row in self.scores)])
+        model = _cell_width(["model", *(row.model for row in rows)])
         groups: list[list[str]] = [[]]
         for family in _families(cols):
             if groups[-1] and model + sum(wide[c] for c in groups[-1] + family) > width:
@@ -270,6 +337,10 @@ class Summary(BaseModel):
             "|---|---|---|---:|---|---|---:|",
             *(_registration_row(r, metric=value == "gating metric", name=not one_name) for r in self.registrations),
         ]
+        guarded = [r for r in self.registrations if r.gate.guards]
+        if guarded:
+            lines += ["", "Guarded metrics (registry.guard; each must stay within guard_margin of the champion):"]
+            lines += [f"- {r.model_name} v{r.version}: {line}" for r in guarded for line in r.gate.guard_lines()]
         unscored = [r for r in self.registrations if r.gate.decision == "unscored"]
         if unscored:
             lines += ["", "Not compared by the gate (decision `unscored`):"]

@@ -124,7 +124,7 @@ def compare(ours: EvalResult, theirs: EvalResult, seed: int) -> dict[str, dict[s
 
 def _table(result: EvalResult, title: str) -> Table:
     """Each metric, over how many items it was computed, and how many it could not score."""
-    caption = result.unscored_line() or f"every completion scored by {result.config.correctness_reward!r}"
+    caption = result.unscored_line() or f"every completion scored by {result.config.correctness_reward.name!r}"
     table = Table(title=title, caption=escape(caption))
     for col in ("metric", "value", "items scored", "unscored"):
         table.add_column(col, justify="left" if col == "metric" else "right")

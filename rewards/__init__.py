@@ -21,6 +21,6 @@ from grpo_pipeline.rewards import format as _format  # noqa: F401
 from grpo_pipeline.rewards import judge as _judge  # noqa: F401
 from grpo_pipeline.rewards import length as _length  # noqa: F401
 from grpo_pipeline.rewards import math as _math  # noqa: F401
-from grpo_pipeline.rewards.registry import REGISTRY, build_reward, build_rewards, completion_text, register
+from grpo_pipeline.rewards.registry import REGISTRY, build_reward, build_rewards, build_spec, completion_text, register
 
-__all__ = ["REGISTRY", "build_reward", "build_rewards", "completion_text", "register"]
+__all__ = ["REGISTRY", "build_reward", "build_rewards", "build_spec", "completion_text", "register"]

@@ -301,7 +301,21 @@ def build_rewards(specs: Sequence[Any]) -> tuple[list[RewardFn], list[float]]:
     """Reward functions and weights for a list of `RewardSpec`s (or dicts with name/weight/params/timeout_s)."""
     fns, weights = [], []
     for spec in specs:
-        spec = spec if isinstance(spec, dict) else spec.model_dump()
-        fns.append(build_reward(spec["name"], spec.get("params"), spec.get("timeout_s", DEFAULT_TIMEOUT_S)))
-        weights.append(float(spec.get("weight", 1.0)))
+        fns.append(build_spec(spec))
+        weights.append(float(_as_dict(spec).get("weight", 1.0)))
     return fns, weights
+
+
+def build_spec(spec: Any) -> RewardFn:
+    """The reward function of one `RewardSpec` (or a dict with name, params and timeout_s): what training, the
+    evaluation, the probes and the checks all build the correctness reward from, so its params are the same
+    everywhere."""
+    spec = _as_dict(spec)
+    return build_reward(spec["name"], spec.get("params"), spec.get("timeout_s", DEFAULT_TIMEOUT_S))
+
+
+def _as_dict(spec: Any) -> dict[str, Any]:
+    """A spec as a dict: a RewardSpec's fields, a dict as it is, a bare name as {"name": name}."""
+    if isinstance(spec, str):
+        return {"name": spec}
+    return spec if isinstance(spec, dict) else spec.model_dump()

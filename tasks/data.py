@@ -11,9 +11,7 @@ plus any `extra_columns` the rewards need. With `prompt_format: chat` the prompt
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 from pydantic import BaseModel
@@ -22,14 +20,8 @@ from grpo_pipeline.configs.schema import DataConfig
 from grpo_pipeline.tasks.core.common import Ref, atomic_dir, fingerprint_path, logger
 from grpo_pipeline.tasks.core.stage import stage
 from grpo_pipeline.tasks.sources import DataError
-from grpo_pipeline.tasks.sources.synthetic import (
-    slip_carries,
-    swap_subtractions,
-    synthetic_arithmetic,
-    synthetic_functions,
-    units_drill,
-)
-from grpo_pipeline.tasks.sources.tables import format_prompt, load_hf, map_columns, read_table
+from grpo_pipeline.tasks.sources.load import describe_source, load_source, source_content
+from grpo_pipeline.tasks.sources.synthetic import slip_carries, swap_subtractions, units_drill
 
 
 class DatasetRefs(BaseModel):
@@ -78,39 +70,7 @@ def split_train_eval(
     return train.head(num_train), eval_df, probe
 
 
-def describe_source(cfg: DataConfig) -> str:
-    """The configured source in words, for error messages."""
-    if cfg.source == "file":
-        return f"data file {cfg.path}"
-    if cfg.source == "hf":
-        return f"dataset {cfg.hf_name} (split {cfg.hf_split!r})"
-    return "the synthetic task"
-
-
-def load_source(cfg: DataConfig) -> pd.DataFrame:
-    """All rows of the configured source, mapped to the standard columns."""
-    if cfg.source == "synthetic":
-        make = synthetic_functions if cfg.synthetic.kind == "functions" else synthetic_arithmetic
-        df = make(cfg.synthetic, cfg.num_train + cfg.num_eval + cfg.num_probe, cfg.seed)
-        df["prompt"] = [format_prompt(cfg, p) for p in df["prompt"]]
-        df["completion"] = df["answer"]
-        return df
-    if cfg.source == "file":
-        return map_columns(read_table(cfg.path), cfg, origin=describe_source(cfg))
-    return map_columns(load_hf(cfg.hf_name, cfg.hf_config, cfg.hf_split), cfg, origin=describe_source(cfg))
-
-
-def _source_content(params: Mapping[str, Any]) -> dict[str, str]:
-    """A local source file or dataset directory is keyed by its content: fixing a bad row in place and rerunning
-    must prepare the data again, not reuse the splits of the old file."""
-    cfg: DataConfig = params["cfg"]
-    local = cfg.path if cfg.source == "file" else cfg.hf_name if cfg.source == "hf" else None
-    if local and Path(local).exists():
-        return {"source": fingerprint_path(local)}
-    return {}
-
-
-@stage("data", external=_source_content)
+@stage("data", external=source_content)
 def prepare_data(cfg: DataConfig, run_dir: str, out: Path) -> DatasetRefs:
     """Build the splits and write `train.parquet` / `eval.parquet` into the stage's keyed directory `out`."""
     df = load_source(cfg)

@@ -24,14 +24,13 @@ from typing import Any
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, computed_field
 
-from grpo_pipeline.configs.schema import DifficultyFilterConfig, PipelineConfig
-from grpo_pipeline.rewards import build_reward
-from grpo_pipeline.tasks.core.common import Checkpoint, Ref, atomic_dir, fingerprint_path, logger
+from grpo_pipeline.configs.schema import DifficultyFilterConfig, PipelineConfig, RewardSpec
+from grpo_pipeline.rewards import build_spec
+from grpo_pipeline.tasks.core.common import Checkpoint, Ref, atomic_dir, fingerprint_path, load_tokenizer, logger
 from grpo_pipeline.tasks.core.stage import RunContext, stage, user_code
 from grpo_pipeline.tasks.core.tracking import mlflow_run
 from grpo_pipeline.tasks.scoring.generation import generate
 from grpo_pipeline.tasks.scoring.items import judge
-from grpo_pipeline.tasks.training.trainer import load_tokenizer
 
 TRAIN_FILE = "train.parquet"
 PASS_RATES_FILE = "pass_rates.jsonl"
@@ -51,7 +50,7 @@ class Rollouts(BaseModel):
     top_p: float
     max_new_tokens: int
     batch_size: int
-    correctness_reward: str
+    correctness_reward: RewardSpec
 
     @classmethod
     def of(cls, cfg: PipelineConfig) -> Rollouts:
@@ -132,12 +131,12 @@ def pass_rates(
         top_p=rollouts.top_p,
         desc=f"difficulty {label}",
     )
-    judged, _ = judge(build_reward(rollouts.correctness_reward), rows, sampled)
+    judged, _ = judge(build_spec(rollouts.correctness_reward), rows, sampled)
     return [(sum(ok is True for ok in group), sum(ok is not None for ok in group)) for group in judged]
 
 
 def _correctness_code(params: Mapping[str, Any]) -> dict[str, str]:
-    return user_code([params["rollouts"].correctness_reward])
+    return user_code([params["rollouts"].correctness_reward.name])
 
 
 @stage("difficulty-{label}", external=_correctness_code)

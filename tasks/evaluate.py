@@ -20,7 +20,7 @@ from grpo_pipeline.tasks.scoring.evaluation import EvalResult, evaluate_model
 
 
 def _eval_code(params: dict[str, Any]) -> dict[str, str]:
-    return user_code([params["cfg"].correctness_reward, *(r.name for r in params.get("rewards") or ())])
+    return user_code([params["cfg"].correctness_reward.name, *(r.name for r in params.get("rewards") or ())])
 
 
 @stage("eval-{label}", external=_eval_code)

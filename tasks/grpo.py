@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from grpo_pipeline.configs.algorithm import VLLM_CORRECTION_FIELDS, PolicyLossConfig
-from grpo_pipeline.configs.schema import ConfigError, GRPOStageConfig, ModelConfig, MonitorsConfig
+from grpo_pipeline.configs.schema import (
+    CORRECTNESS,
+    ConfigError,
+    GRPOStageConfig,
+    ModelConfig,
+    MonitorsConfig,
+    RewardSpec,
+)
 from grpo_pipeline.rewards import build_rewards
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref, logger
 from grpo_pipeline.tasks.core.launch import launched
@@ -81,14 +88,14 @@ def trl_grpo_args(
 
 
 def _rewards_code(params: Mapping[str, Any]) -> dict[str, str]:
-    return user_code([*(r.name for r in params["cfg"].rewards), params["correctness_reward"]])
+    return user_code([*(r.name for r in params["cfg"].rewards), params["correctness_reward"].name])
 
 
 def round_callbacks(
     cfg: GRPOStageConfig,
     tokenizer: PreTrainedTokenizerBase,
     held_out: Ref | None,
-    correctness_reward: str,
+    correctness_reward: RewardSpec,
     health: RoundHealth | None,
     notes: list[str] | None = None,
 ) -> list[TrainerCallback]:
@@ -117,12 +124,16 @@ def round_callbacks(
 
 
 def round_health(
-    cfg: GRPOStageConfig, monitors: MonitorsConfig, stage_name: str, weights: list[float], correctness_reward: str
+    cfg: GRPOStageConfig,
+    monitors: MonitorsConfig,
+    stage_name: str,
+    weights: list[float],
+    correctness_reward: RewardSpec,
 ) -> RoundHealth:
     """The round's health watch; the correctness reward, when it is one of the round's rewards, tells solved groups
     (saturation) from unsolved ones (the zero_spread alarm)."""
     names = [spec.name for spec in cfg.rewards]
-    index = names.index(correctness_reward) if correctness_reward in names else None
+    index = names.index(correctness_reward.name) if correctness_reward.name in names else None
     return RoundHealth(monitors, stage_name, cfg.beta, cfg.generations_per_prompt, weights, index)
 
 
@@ -142,7 +153,7 @@ def grpo_train(
     round_index: int,
     ctx: RunContext,
     held_out: Ref | None = None,
-    correctness_reward: str = "correctness",
+    correctness_reward: RewardSpec = CORRECTNESS,
     code_dir: str | None = None,
     monitors: MonitorsConfig | None = None,
     *,

@@ -154,7 +154,7 @@ def reward_entries(grpo: GRPOStageConfig, eval_cfg: EvalConfig) -> list[tuple[st
     """(config field, name, params) of every reward a run builds: the training rewards and the one that decides
     correctness in evaluation."""
     entries = [(f"grpo.rewards[{i}]", spec.name, spec.params) for i, spec in enumerate(grpo.rewards)]
-    return [*entries, ("eval.correctness_reward", eval_cfg.correctness_reward, {})]
+    return [*entries, ("eval.correctness_reward", eval_cfg.correctness_reward.name, eval_cfg.correctness_reward.params)]
 
 
 # ----------------------------------------------------------------------------- the data and the base model
@@ -255,7 +255,7 @@ def context_problems(
     longest prompt in tokens."""
     from transformers import AutoConfig
 
-    from grpo_pipeline.tasks.training.trainer import load_tokenizer
+    from grpo_pipeline.tasks.core.common import load_tokenizer
 
     name = base.parent or base.path
     try:

@@ -25,12 +25,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from grpo_pipeline.configs.schema import RegistryConfig
+from grpo_pipeline.configs.schema import RegistryConfig, split_metric
 from grpo_pipeline.tasks.core.common import Checkpoint, logger
 from grpo_pipeline.tasks.core.stage import RunContext, stage
 from grpo_pipeline.tasks.core.tracking import configure_mlflow, registry_lock, require_reachable, tracking_uri
 from grpo_pipeline.tasks.release.card import model_card
-from grpo_pipeline.tasks.release.gate import ITEMS_ARTIFACT, GateDecision, decide
+from grpo_pipeline.tasks.release.gate import ITEMS_ARTIFACT, GateDecision, decide, suite_items_artifact, suite_tags
 from grpo_pipeline.tasks.release.lineage import provenance_tags
 from grpo_pipeline.tasks.scoring.curves import CURVE_ARTIFACT, PROBE_METRIC, learning_curve_figure, metric_history
 from grpo_pipeline.tasks.scoring.evaluation import EvalResult
@@ -61,6 +61,7 @@ from grpo_pipeline.tasks.release.versions import (
 
 def _metric(result: EvalResult, name: str) -> float:
     metrics = result.metrics()
+    name = split_metric(name, [result.suite])[1]
     if name not in metrics:
         raise ValueError(f"registry.gating_metric {name!r} is not an eval metric; choose one of {sorted(metrics)}")
     return metrics[name]
@@ -96,14 +97,19 @@ def register_policy(
     ctx: RunContext,
     config_yaml: str,
     tags: dict[str, str],
+    suites: dict[str, EvalResult] | None = None,
+    baselines: dict[str, EvalResult] | None = None,
 ) -> Registration:
     """Log scores, config and the model (an MLflow transformers model) to the policy's run, and register a version
-    of `cfg.model_name` that takes `champion` only if the gate promotes it."""
+    of `cfg.model_name` that takes `champion` only if the gate promotes it. `result` and `baseline` are the gating
+    suite's scores; `suites` and `baselines` every suite's, by name (the gating suite's among them): each is logged
+    under its name, shown in the card, and the guarded ones (`cfg.guard`) gate the promotion too."""
     from mlflow import MlflowClient
 
     if policy.run_id is None:
         raise ValueError("only a trained policy (with an MLflow run) can be registered")
     _metric(result, cfg.gating_metric)
+    suites = suites or {result.suite: result}
     path = policy.require()
     require_reachable(tracking_uri(ctx.run_dir))  # fail in seconds, not after MLflow's own minutes of retries
     configure_mlflow(ctx.run_dir, cfg.experiment)
@@ -112,10 +118,16 @@ def register_policy(
         existing = version_of_run(client, cfg.model_name, policy.run_id)
 
         def gated(items: pd.DataFrame) -> tuple[GateDecision, dict[str, str], str]:
-            gate = decide(client, cfg, result, items, ctx, alarms=policy.alarms)  # unhealthy round: challenger only
-            all_tags = {**tags, **provenance_tags(result), **health_tags(policy.alarms), **gate.tags()}
+            gate = decide(client, cfg, result, items, ctx, alarms=policy.alarms, suites=suites)
+            all_tags = {
+                **tags, **provenance_tags(result), **suite_tags(suites), **health_tags(policy.alarms), **gate.tags(),
+            }  # fmt: skip
             prompt = str(items["prompt"].iloc[0])
-            return gate, all_tags, model_card(cfg, policy, result, baseline, gate, all_tags, config_yaml, prompt=prompt)
+            card = model_card(
+                cfg, policy, result, baseline, gate, all_tags, config_yaml, prompt=prompt, suites=suites,
+                baselines=baselines,
+            )  # fmt: skip
+            return gate, all_tags, card
 
         if existing is not None:
             logger.info("run %s is version %s already; not registered again", policy.run_id, existing.version)
@@ -125,8 +137,27 @@ def register_policy(
             return registration_of(client, finished(client, existing))
         items = result.items()
         gate, tags, card = gated(items)
-        model_id = _log_policy_run(client, policy, path, result, items, baseline, config_yaml, tags, card)
+        model_id = _log_policy_run(
+            client, policy, path, result, items, baseline, config_yaml, tags, card, (suites, baselines or {})
+        )
         return create_gated_version(client, cfg, policy.run_id, model_id, gate, tags, card)
+
+
+def _log_suites(suites: dict[str, EvalResult], baselines: dict[str, EvalResult]) -> None:
+    """Every suite's scores under its name (`gsm8k_test/accuracy`, and `sft/gsm8k_test/accuracy` for the model
+    GRPO started from), with how many items each metric left unscored and its per-item scores (where a later gate
+    reads the champion's)."""
+    import mlflow
+
+    for name, res in suites.items():
+        mlflow.log_metrics(res.metrics(f"{name}/"))
+        mlflow.log_metrics({f"{name}/unscored/{metric}": n for metric, n in res.unscored.items()})
+        mlflow.log_metrics(
+            {f"{name}/accuracy_ci_low": res.accuracy_ci[0], f"{name}/accuracy_ci_high": res.accuracy_ci[1]}
+        )
+        if name in baselines:
+            mlflow.log_metrics(baselines[name].metrics(f"sft/{name}/"))
+        mlflow.log_artifact(res.items_path, str(Path(suite_items_artifact(name)).parent))
 
 
 def _log_policy_run(
@@ -139,6 +170,7 @@ def _log_policy_run(
     config_yaml: str,
     tags: dict[str, str],
     card: str,
+    every: tuple[dict[str, EvalResult], dict[str, EvalResult]] = ({}, {}),
 ) -> str:
     """Scores, eval settings, config, per-item scores, a completions table, the learning curve and the model (with
     its card) on the policy's run; returns the logged model's id.
@@ -158,6 +190,7 @@ def _log_policy_run(
         mlflow.log_params(result.settings())
         mlflow.log_text(config_yaml, "config.yaml")
         mlflow.log_artifact(result.items_path, str(Path(ITEMS_ARTIFACT).parent))  # where the gate reads them
+        _log_suites(*every)
         logged = {a.path for a in client.list_artifacts(policy.run_id, str(Path(COMPLETIONS_TABLE).parent))}
         if COMPLETIONS_TABLE not in logged:
             mlflow.log_table(completions_table(items), artifact_file=COMPLETIONS_TABLE)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo_pipeline.configs.schema import ConfigError, ModelConfig, SFTStageConfig
+from grpo_pipeline.configs.schema import CORRECTNESS, ConfigError, ModelConfig, RewardSpec, SFTStageConfig
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.core.launch import launched
 from grpo_pipeline.tasks.core.stage import RunContext, code_version, stage, user_code
@@ -33,7 +33,7 @@ def _bar_code(params: Mapping[str, Any]) -> dict[str, str]:
     probe is imported by name (`bar_probe`), so that without the bar a reward edit does not rerun SFT."""
     if params["cfg"].stop_at_accuracy is None:
         return {}
-    return {"probe": code_version(PROBE_MODULE), **user_code([params["correctness_reward"]])}
+    return {"probe": code_version(PROBE_MODULE), **user_code([params["correctness_reward"].name])}
 
 
 @stage("sft", external=_bar_code)
@@ -45,7 +45,7 @@ def sft_warmup(
     model_cfg: ModelConfig,
     ctx: RunContext,
     probe: Ref | None = None,
-    correctness_reward: str = "correctness",
+    correctness_reward: RewardSpec = CORRECTNESS,
     probe_tokens: int = 64,
     *,
     out: Path,
@@ -102,7 +102,7 @@ def bar_probe(
     cfg: SFTStageConfig,
     tokenizer: PreTrainedTokenizerBase,
     probe: Ref | None,
-    correctness_reward: str,
+    correctness_reward: RewardSpec,
     probe_tokens: int,
     notes: list[str],
 ) -> list[TrainerCallback]:

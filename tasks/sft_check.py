@@ -19,8 +19,8 @@ from typing import Any
 import pandas as pd
 from pydantic import BaseModel
 
-from grpo_pipeline.configs.schema import MonitorsConfig
-from grpo_pipeline.rewards import build_reward
+from grpo_pipeline.configs.schema import MonitorsConfig, RewardSpec
+from grpo_pipeline.rewards import build_spec
 from grpo_pipeline.tasks.core.common import Ref, logger
 from grpo_pipeline.tasks.core.stage import stage, user_code
 from grpo_pipeline.tasks.scoring.evaluation import EvalResult
@@ -41,15 +41,15 @@ class SFTCheck(BaseModel):
 
 
 def _reward_code(params: Mapping[str, Any]) -> dict[str, str]:
-    return user_code([params["correctness_reward"]])
+    return user_code([params["correctness_reward"].name])
 
 
 @stage("sft_check", external=_reward_code)
-def check_sft(train: Ref, sft: EvalResult, correctness_reward: str, monitors: MonitorsConfig) -> SFTCheck:
+def check_sft(train: Ref, sft: EvalResult, correctness_reward: RewardSpec, monitors: MonitorsConfig) -> SFTCheck:
     """Compare the SFT policy's held-out accuracy (`sft`) with the accuracy of its own training targets; warn (or,
     with monitors.sft_not_learned=error, raise SFTNotLearnedError) when it is below monitors.sft_min_ratio x that."""
     rows = pd.read_parquet(train.require()).head(MAX_ROWS)
-    verdicts, _ = judge(build_reward(correctness_reward), rows, [[str(c)] for c in rows["completion"]])
+    verdicts, _ = judge(build_spec(correctness_reward), rows, [[str(c)] for c in rows["completion"]])
     scored = [v[0] for v in verdicts if v[0] is not None]
     targets = sum(scored) / len(scored) if scored else None
     check = SFTCheck(targets_accuracy=targets, rows=len(scored), sft_accuracy=sft.accuracy)
@@ -64,9 +64,9 @@ def check_sft(train: Ref, sft: EvalResult, correctness_reward: str, monitors: Mo
         return check
     warning = (
         f"SFT has not learned its data: the SFT policy's greedy held-out accuracy is {sft.accuracy:.1%}, below "
-        f"monitors.sft_min_ratio={monitors.sft_min_ratio} x {targets:.1%}, the accuracy of its own training targets "
-        f"({len(scored)} rows scored by {correctness_reward!r}). GRPO learns only from prompts the policy sometimes "
-        "solves: train SFT longer (sft.max_steps, sft.learning_rate) or check its data"
+        f"monitors.sft_min_ratio={monitors.sft_min_ratio} x {targets:.1%}, the accuracy of its own training "
+        f"targets ({len(scored)} rows scored by {correctness_reward.name!r}). GRPO learns only from prompts the policy "
+        "sometimes solves: train SFT longer (sft.max_steps, sft.learning_rate) or check its data"
     )
     if monitors.sft_not_learned == "error":
         raise SFTNotLearnedError(f"{warning}; monitors.sft_not_learned=error stops the run here")

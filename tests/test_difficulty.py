@@ -21,7 +21,14 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from grpo_pipeline.configs.schema import ConfigError, DifficultyFilterConfig, ModelConfig, TinyModelConfig, load_config
+from grpo_pipeline.configs.schema import (
+    ConfigError,
+    DifficultyFilterConfig,
+    ModelConfig,
+    RewardSpec,
+    TinyModelConfig,
+    load_config,
+)
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref, fingerprint_path
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.difficulty import (
@@ -112,7 +119,7 @@ def test_switching_the_filter_on_for_later_rounds_keeps_round_one_cached() -> No
         start, train = Checkpoint(path="sft", fingerprint="sft"), Ref(path="train", fingerprint="train")
         params = {"start": start, "train": train, "cfg": cfg.grpo, "model_cfg": cfg.model,
                   "round_index": 1, "ctx": RunContext.of(cfg), "held_out": None,
-                  "correctness_reward": "correctness", "code_dir": None}  # fmt: skip
+                  "correctness_reward": RewardSpec(name="correctness"), "code_dir": None}  # fmt: skip
         return grpo_train.stage.key(params)
 
     base = round_one_key([])
@@ -155,7 +162,9 @@ def _own_store(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def rollouts(reward: str) -> Rollouts:
-    return Rollouts(temperature=1.0, top_p=1.0, max_new_tokens=4, batch_size=64, correctness_reward=reward)
+    return Rollouts(
+        temperature=1.0, top_p=1.0, max_new_tokens=4, batch_size=64, correctness_reward=RewardSpec(name=reward)
+    )
 
 
 PLANTED_REWARD = f"{__name__}:planted"

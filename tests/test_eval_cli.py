@@ -45,7 +45,7 @@ def test_eval_a_checkpoint_on_a_benchmark_file_writes_a_report(tmp_path, model_d
     assert result.exit_code == 0, out
     data = json.loads(report.read_text())
     assert data["num_problems"] == 12 and data["n_samples"] == 4 and set(data["pass_at_k"]) == {"1", "2", "4"}
-    assert set(data["maj_at_k"]) == {"1", "2", "4"} and data["config"]["correctness_reward"] == "correctness"
+    assert set(data["maj_at_k"]) == {"1", "2", "4"} and data["config"]["correctness_reward"]["name"] == "correctness"
     low, high = data["accuracy_ci"]
     assert 0 <= low <= data["accuracy"] <= high <= 1
     items = [json.loads(line) for line in Path(data["items_path"]).read_text().splitlines()]

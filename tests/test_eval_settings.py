@@ -55,9 +55,11 @@ def result(
 
 def test_the_scorer_is_part_of_the_eval_settings(tmp_path):
     base = result(tmp_path).settings()
-    assert base["eval_correctness_reward"] == "correctness" and base["eval_scorer_version"]
-    other_reward = result(tmp_path, EVAL.model_copy(update={"correctness_reward": "digit_match"})).settings()
-    assert other_reward["eval_correctness_reward"] == "digit_match" and other_reward != base
+    assert base["eval_correctness_reward"] == '[["correctness",{}]]' and base["eval_scorer_version"]
+    other_reward = result(
+        tmp_path, EVAL.model_copy(update={"correctness_reward": RewardSpec(name="digit_match")})
+    ).settings()
+    assert other_reward["eval_correctness_reward"] == '[["digit_match",{}]]' and other_reward != base
     short = result(tmp_path, rewards=[RewardSpec(name="overlong", params={"max_len": 8, "cache_len": 4})])
     long = result(tmp_path, rewards=[RewardSpec(name="overlong", params={"max_len": 16, "cache_len": 4})])
     assert short.settings() != long.settings() and short.settings() != base
@@ -98,7 +100,7 @@ def test_the_gate_scores_the_champion_again_after_a_change_of_scorer(tmp_path, m
         rescored.append(cfg)
         return SimpleNamespace(items=lambda: pd.DataFrame({"id": ["rescored"]}))
 
-    monkeypatch.setattr(gate, "_logged_items", lambda run_id: logged)
+    monkeypatch.setattr(gate, "_logged_items", lambda run_id, artifact=gate.ITEMS_ARTIFACT: logged)
     monkeypatch.setattr(gate, "evaluate_model", fake_evaluate)
     monkeypatch.setattr("grpo_pipeline.tasks.model.fetch_registered", lambda version, run_dir, out: out)
     ctx = RunContext(run_dir=str(tmp_path), experiment="e", recipe="r", seed=0)
@@ -110,14 +112,19 @@ def test_the_gate_scores_the_champion_again_after_a_change_of_scorer(tmp_path, m
 
     changed = result(tmp_path, rewards=[RewardSpec(name="overlong", params={"max_len": 16, "cache_len": 4})])
     assert list(gate.champion_items(None, champion, changed, ctx)["id"]) == ["rescored"]
-    other_scorer = result(tmp_path, EVAL.model_copy(update={"correctness_reward": "digit_match"}))
+    other_scorer = result(tmp_path, EVAL.model_copy(update={"correctness_reward": RewardSpec(name="digit_match")}))
     assert list(gate.champion_items(None, champion, other_scorer, ctx)["id"]) == ["rescored"]
     # a champion registered before the scorer was recorded has none of its keys: scored again too
     scorer_keys = ("eval_correctness_reward", "eval_rewards", "eval_scorer_version", "eval_items_version")
     old_tags = {k: v for k, v in champion.tags.items() if k not in scorer_keys}
     old = FakeVersion(tags=old_tags, run_id="run", version="1", name="m")
     assert list(gate.champion_items(None, old, same, ctx)["id"]) == ["rescored"]
-    assert len(rescored) == 3
+    # the same items sampled by another generator (vLLM, another dtype or vLLM version): scored again
+    for generation in ({"backend": "vllm", "dtype": "bfloat16", "vllm_version": "0.32.0"},
+                       {"backend": "hf", "dtype": "bfloat16"}):  # fmt: skip
+        sampled_otherwise = same.model_copy(update={"generation": generation})
+        assert list(gate.champion_items(None, champion, sampled_otherwise, ctx)["id"]) == ["rescored"]
+    assert len(rescored) == 5
 
 
 @pytest.fixture

@@ -107,15 +107,39 @@ def test_too_many_unscored_stops_with_the_first_reason(rows, monkeypatch):
     cfg = EvalConfig(n_samples=2, k=[1, 2], correctness_reward="flaky_check", max_unscored_fraction=0.25)
     _, result = scored(rows, ["1", "?", "0", "4"], [["1", "?"], ["?", "?"], ["0", "3"], ["4", "4"]], monkeypatch, cfg)
     with pytest.raises(UnscoredError) as e:
-        check_unscored(result, "r1")  # 4 of 12 unscored > 25%
+        check_unscored(result, "r1")  # accuracy 1 of 4 is at the limit; pass@2 2 of 4 and the samples 3 of 8 are over
     message = str(e.value)
-    assert "4 of 12" in message and "eval.max_unscored_fraction=0.25" in message and SANDBOX_DOWN in message
+    assert "pass_at_2: 2 of 4 (50.0%)" in message and "sampled completions: 3 of 8 (37.5%)" in message
+    assert "accuracy:" not in message and "pass_at_1" not in message  # 1 of 4 each: at the limit, not over it
+    assert "eval.max_unscored_fraction=0.25" in message and SANDBOX_DOWN in message
     assert "nothing is registered" in message
     # a bad input of the pipeline (printed as one error line, not retried) like every RewardError
     from grpo_pipeline.flows.grpo_pipeline import BAD_INPUT
 
     assert isinstance(e.value, BAD_INPUT) and isinstance(e.value, RewardError)
     check_unscored(result.model_copy(update={"config": cfg.model_copy(update={"max_unscored_fraction": 0.5})}))
+
+
+def test_the_cap_holds_for_each_metric_on_its_own_items(monkeypatch):
+    """Pooled over greedy and sampled completions, 9 unscored greedy items of 50 with 8 scored samples each are 9 of
+    450 completions (2%): under the default cap, though accuracy would be over 41 of its 50 items. Each metric is
+    capped on its own items, so accuracy's 18% stops the evaluation; 9 unscored samples leave pass@1 scored on every
+    problem, and pass@8 (which needs all 8) on 41."""
+    many = pd.DataFrame({"prompt": [f"p{i}" for i in range(50)], "answer": [str(i % 10) for i in range(50)]})
+    answers = many["answer"].tolist()
+    cfg = EvalConfig(n_samples=8, k=[1, 8], correctness_reward="flaky_check")
+    greedy = ["?" if i < 9 else a for i, a in enumerate(answers)]
+    _, result = scored(many, greedy, [[a] * 8 for a in answers], monkeypatch, cfg)
+    assert result.unscored_completions / result.total_completions == pytest.approx(0.02)
+    with pytest.raises(UnscoredError, match=r"accuracy: 9 of 50 \(18\.0%\)"):
+        check_unscored(result)
+    sampled = [["?" if i < 9 and j == 0 else a for j in range(8)] for i, a in enumerate(answers)]
+    _, spread = scored(many, answers, sampled, monkeypatch, cfg)
+    assert spread.unscored["pass_at_1"] == 0 and spread.unscored["pass_at_8"] == 9  # 7 scored cannot give pass@8
+    with pytest.raises(UnscoredError, match=r"pass_at_8: 9 of 50") as e:
+        check_unscored(spread)
+    assert "pass_at_1" not in str(e.value) and "accuracy:" not in str(e.value)
+    check_unscored(spread.model_copy(update={"config": cfg.model_copy(update={"max_unscored_fraction": 0.18})}))
 
 
 def test_the_default_limit_is_a_config_field_with_a_description():
@@ -147,7 +171,8 @@ def test_an_evaluation_over_the_limit_raises_and_writes_no_items(tmp_path, tiny,
     out = tmp_path / "eval-r1"
     with pytest.raises(UnscoredError) as e:
         evaluate_model(str(model), held_out, cfg, seed=0, out=out, label="r1")
-    assert "18 of 18 completions" in str(e.value) and "never_scores" in str(e.value)
+    assert "accuracy: 6 of 6 (100.0%)" in str(e.value) and "sampled completions: 12 of 12" in str(e.value)
+    assert "never_scores" in str(e.value)
     assert "returned None without saying why" in str(e.value) and "log" in str(e.value)  # no reason: where to look
     assert not out.exists()
 

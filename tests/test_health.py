@@ -12,7 +12,7 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from grpo_pipeline.configs.schema import ConfigError, MonitorsConfig, RegistryConfig, load_config
+from grpo_pipeline.configs.schema import ConfigError, MonitorsConfig, RegistryConfig, RewardSpec, load_config
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.release.gate import GateDecision, health_rule
@@ -421,7 +421,14 @@ def train_round(
 
     cfg = load_config(None, [*TINY, f"run_dir={tiny.run_dir}", *overrides])
     return grpo_train(
-        start, tiny.train, cfg.grpo, cfg.model, 1, tiny.ctx, correctness_reward=correctness, monitors=monitors
+        start,
+        tiny.train,
+        cfg.grpo,
+        cfg.model,
+        1,
+        tiny.ctx,
+        correctness_reward=RewardSpec(name=correctness),
+        monitors=monitors,
     )
 
 

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import torch
 
-from grpo_pipeline.configs.schema import ConfigError, load_config
+from grpo_pipeline.configs.schema import ConfigError, RewardSpec, load_config
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.core.stage import RunContext
 
@@ -221,6 +221,6 @@ def test_the_bar_keys_sft_on_the_probe_and_reward_code_only_when_set():
     external = sft_warmup.stage.external
     plain = load_config(None, []).sft
     barred = load_config(None, ["sft.stop_at_accuracy=0.6"]).sft
-    assert external({"cfg": plain, "correctness_reward": "keep_rewards:shorter"}) == {}
-    keyed = external({"cfg": barred, "correctness_reward": "keep_rewards:shorter"})
+    assert external({"cfg": plain, "correctness_reward": RewardSpec(name="keep_rewards:shorter")}) == {}
+    keyed = external({"cfg": barred, "correctness_reward": RewardSpec(name="keep_rewards:shorter")})
     assert set(keyed) == {"probe", "keep_rewards:shorter"}

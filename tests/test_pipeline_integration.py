@@ -106,6 +106,7 @@ def test_cold_run_trains_evaluates_and_registers(micro_run: MicroRun):
     assert list(states(summary)) == [
         "prepare_data",
         "validate_data",
+        "decontaminate",
         "base_model",
         "sft_warmup",
         "evaluate-sft",

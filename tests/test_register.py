@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from grpo_pipeline.configs.schema import EvalConfig, RegistryConfig, TinyModelConfig
+from grpo_pipeline.configs.schema import EvalConfig, RegistryConfig, RewardSpec, TinyModelConfig
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref, fingerprint_path
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.core.tracking import configure_mlflow
@@ -168,7 +168,7 @@ def test_degraded_checkpoint_is_evaluated_for_real_and_stays_challenger(tracking
     path = tracking / "eval.parquet"
     pd.DataFrame({"prompt": prompts, "answer": answers}).to_parquet(path, index=False)
     held_out = Ref(path=str(path), fingerprint=fingerprint_path(path))
-    cfg = EVAL.model_copy(update={"correctness_reward": "exact_reward:exact"})
+    cfg = EVAL.model_copy(update={"correctness_reward": RewardSpec(name="exact_reward:exact")})
     ctx = RunContext(run_dir=str(tracking), experiment="test", recipe="test", seed=0)
     registry = RegistryConfig(experiment="test", model_name="m")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from grpo_pipeline.configs.schema import EvalConfig, MonitorsConfig, load_config
+from grpo_pipeline.configs.schema import CORRECTNESS, EvalConfig, MonitorsConfig, load_config
 from grpo_pipeline.tasks.core.common import Ref
 from grpo_pipeline.tasks.scoring.evaluation import EvalResult
 from grpo_pipeline.tasks.sft_check import SFTNotLearnedError, check_sft
@@ -36,14 +36,14 @@ def slipped_train(tmp_path_factory) -> tuple[Ref, float]:
 def test_the_bar_is_the_accuracy_of_the_training_targets(slipped_train):
     train, targets = slipped_train
     assert 0.6 < targets < 0.95  # the slips make the targets imperfect, as the default recipe's are
-    check = check_sft(train, evaluated(0.9 * targets), "correctness", MonitorsConfig())
+    check = check_sft(train, evaluated(0.9 * targets), CORRECTNESS, MonitorsConfig())
     assert check.targets_accuracy == pytest.approx(targets) and check.rows == 256
     assert check.warning is None
 
 
 def test_an_sft_on_the_plateau_is_said_to_have_not_learned_with_the_figures(slipped_train, caplog):
     train, targets = slipped_train
-    check = check_sft(train, evaluated(0.074), "correctness", MonitorsConfig(sft_min_ratio=0.5))
+    check = check_sft(train, evaluated(0.074), CORRECTNESS, MonitorsConfig(sft_min_ratio=0.5))
     assert check.warning is not None
     assert check.warning.startswith(
         f"SFT has not learned its data: the SFT policy's greedy held-out accuracy is 7.4%, below "
@@ -56,4 +56,4 @@ def test_an_sft_on_the_plateau_is_said_to_have_not_learned_with_the_figures(slip
 def test_a_recipe_can_make_it_an_error(slipped_train):
     train, _ = slipped_train
     with pytest.raises(SFTNotLearnedError, match=r"7.4%.*monitors.sft_not_learned=error stops the run here"):
-        check_sft(train, evaluated(0.074), "correctness", MonitorsConfig(sft_not_learned="error"))
+        check_sft(train, evaluated(0.074), CORRECTNESS, MonitorsConfig(sft_not_learned="error"))

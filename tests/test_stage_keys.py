@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_pipeline.configs.schema import EvalConfig, load_config
+from grpo_pipeline.configs.schema import HELDOUT, EvalConfig, load_config
 from grpo_pipeline.tasks.core import stage as stage_mod
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.core.stage import RunContext, code_version, module_closure, user_code
@@ -51,7 +51,16 @@ def stage_keys(overrides: list[str], run_dir: str = "/tmp/runs") -> dict[str, st
     base = Checkpoint(path="base", fingerprint=key("base", prepare_base_model, cfg.model, cfg.run_dir, cfg.seed))
     sft = Checkpoint(path="sft", fingerprint=key("sft", sft_warmup, base, data.train, cfg.sft, cfg.model, ctx))
     baseline = fake_result(
-        key("eval-sft", evaluate, sft, data.eval, cfg.eval, ctx, label="sft", rewards=cfg.grpo.rewards)
+        key(
+            "eval-sft",
+            evaluate,
+            sft,
+            data.eval,
+            cfg.eval.for_suite(HELDOUT),
+            ctx,
+            label="sft",
+            rewards=cfg.grpo.rewards,
+        )
     )
     policy = Checkpoint(
         path="r1",
@@ -70,7 +79,16 @@ def stage_keys(overrides: list[str], run_dir: str = "/tmp/runs") -> dict[str, st
         run_id="run",
     )
     result = fake_result(
-        key("eval-r1", evaluate, policy, data.eval, cfg.eval, ctx, label="r1", rewards=cfg.grpo.rewards)
+        key(
+            "eval-r1",
+            evaluate,
+            policy,
+            data.eval,
+            cfg.eval.for_suite(HELDOUT),
+            ctx,
+            label="r1",
+            rewards=cfg.grpo.rewards,
+        )
     )
     key("register-r1", register_policy, policy, result, baseline, cfg.registry, ctx, cfg.to_yaml(), {"t": cfg.name})
     return keys
@@ -126,6 +144,15 @@ def test_config_edit_reruns_exactly(override: str, expected: list[str]) -> None:
     assert rerun(stage_keys([]), stage_keys([override])) == expected
 
 
+def test_adding_a_suite_reruns_no_other_evaluation() -> None:
+    """A suite's evaluation is keyed by its own settings (EvalConfig.for_suite): adding, changing or removing another
+    suite leaves the held-out evaluations, and every training stage, cached."""
+    extra = "eval.suites=[{name: heldout}, {name: units, source: synthetic, synthetic: {max_digits: 1}}]"
+    assert rerun(stage_keys([]), stage_keys([extra])) == []
+    other = "eval.suites=[{name: heldout}, {name: units, source: synthetic, synthetic: {max_digits: 1}, n_samples: 16}]"
+    assert rerun(stage_keys([extra]), stage_keys([other])) == []
+
+
 def test_unchanged_config_keeps_every_key() -> None:
     assert stage_keys([]) == stage_keys([])
 
@@ -171,7 +198,13 @@ def test_output_directory_is_named_by_the_key(tmp_path: Path) -> None:
         (
             "grpo_pipeline.tasks.evaluate",
             ["grpo_pipeline.rewards.math", "grpo_pipeline.tasks.scoring.metrics"],
-            ["grpo_pipeline.tasks.sft", "grpo_pipeline.tasks.grpo", "grpo_pipeline.tasks.register"],
+            # the trainer scaffold too: editing it reruns training, not every evaluation
+            [
+                "grpo_pipeline.tasks.sft",
+                "grpo_pipeline.tasks.grpo",
+                "grpo_pipeline.tasks.register",
+                "grpo_pipeline.tasks.training.trainer",
+            ],  # fmt: skip
         ),
     ],
 )

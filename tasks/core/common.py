@@ -145,3 +145,15 @@ def damaged(value: object) -> list[str]:
         for item in value:
             problems += damaged(item)
     return problems
+
+
+def load_tokenizer(path: str):
+    """The tokenizer of the checkpoint at `path`, with EOS as its pad token when it has none (as TRL pads). Shared
+    by training and evaluation, which must tokenize alike, and kept here so that an evaluation does not depend on
+    the trainer's code (the evaluate stage's key covers the modules it imports)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer

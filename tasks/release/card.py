@@ -41,9 +41,13 @@ def model_card(
     tags: dict[str, str],
     config_yaml: str,
     prompt: str,
+    suites: dict[str, EvalResult] | None = None,
+    baselines: dict[str, EvalResult] | None = None,
 ) -> str:
-    """The card as markdown; `prompt` (an eval prompt) shows how to call the model."""
+    """The card as markdown; `prompt` (an eval prompt) shows how to call the model. `result` and `baseline` are
+    the gating suite's scores; every other suite in `suites` gets a table of its own."""
     recipe = tags.get("recipe", "?")
+    gating_note = f" on `{result.suite}` (the gating suite)" if suites and len(suites) > 1 else ""
     lines = [
         f"# {cfg.model_name}: the {policy.stage} policy of recipe `{recipe}`",
         "",
@@ -54,17 +58,19 @@ def model_card(
         "## Data",
         f"- training data fingerprint `{tags.get('data_fingerprint', '?')[:12]}`",
         f"- eval set fingerprint `{result.eval_fingerprint[:12]}`, {result.num_problems} items",
+        *([f"- {tags['decontam.line']}"] if tags.get("decontam.line") else []),
         "",
         *training_lines(policy, tags),
-        f"## Evaluation (n={result.n_samples}, temperature {result.temperature}, top_p {result.top_p}, "
+        f"## Evaluation{gating_note} (n={result.n_samples}, temperature {result.temperature}, top_p {result.top_p}, "
         f"max new tokens {result.max_new_tokens}, seed {result.seed}; correct means "
-        f"`{result.config.correctness_reward}` gives 1.0, reward code `{result.scorer_version or '?'}`)",
+        f"`{result.config.correctness_reward.name}` gives 1.0, reward code `{result.scorer_version or '?'}`)",
         "",
         *generation_lines(result.generation),
         *score_table(result, baseline),
         "",
         result.unscored_line()
-        or f"Every completion was scored by the correctness reward `{result.config.correctness_reward}`.",
+        or f"Every completion was scored by the correctness reward `{result.config.correctness_reward.name}`.",
+        *other_suite_lines(result, suites or {}, baselines or {}),
     ]
     notes = [*([f"**Warning**: {tags['sft_warning']}."] if tags.get("sft_warning") else []), *policy.notes]
     if notes:
@@ -73,6 +79,7 @@ def model_card(
         "",
         "## Promotion gate",
         f"**{gate.decision}**: {gate.explain()}.",
+        *(f"- {line}" for line in gate.guard_lines()),
         "",
         *load_lines(cfg.model_name, prompt, result.max_new_tokens),
         "",
@@ -82,6 +89,23 @@ def model_card(
         "```",
     ]
     return "\n".join(lines) + "\n"
+
+
+def other_suite_lines(gating: EvalResult, suites: dict[str, EvalResult], baselines: dict[str, EvalResult]) -> list[str]:
+    """A table for each suite besides the gating one (the Evaluation section's), with its settings."""
+    lines = []
+    for name, res in suites.items():
+        if name == gating.suite:
+            continue
+        lines += [
+            "",
+            f"### Suite `{name}` ({res.num_problems} items, n={res.n_samples}, temperature {res.temperature}, "
+            f"max new tokens {res.max_new_tokens}; correct means `{res.config.correctness_reward.name}` gives 1.0)",
+            "",
+            *score_table(res, baselines.get(name)),
+            *([res.unscored_line()] if res.unscored_line() else []),
+        ]
+    return lines
 
 
 def training_lines(policy: Checkpoint, tags: dict[str, str]) -> list[str]:

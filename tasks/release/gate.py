@@ -13,6 +13,11 @@ MAX_UNSCORED_SHARE of them unscored) is `unscored`: registered as challenger onl
 Only MLflow's answer that the model or its `champion` alias does not exist means "no champion yet"; any other error
 (a server error, a refused permission) propagates, and the register stage retries it.
 
+Guarded metrics (`registry.guard`, other suites' metrics) make the promotion a two-part test: the gating metric's CI
+must say better (as above), and each guarded metric's paired CI lower bound must be above `-registry.guard_margin`
+(non-inferiority: GRPO on one task may not cost more than the margin on another). A guard that cannot be compared
+(too few items scored on both sides) blocks the promotion; with no champion there is nothing to guard against.
+
 A GRPO round that raised a training-health alarm (tasks/training/health.py) is registered challenger only, whatever the
 comparison says, unless `registry.allow_unhealthy`: a score that rose while the policy collapsed or the loss went
 NaN is not one to serve.
@@ -20,8 +25,9 @@ NaN is not one to serve.
 
 from __future__ import annotations
 
+import json
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,7 +35,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
-from grpo_pipeline.configs.schema import RegistryConfig
+from grpo_pipeline.configs.schema import HELDOUT, RegistryConfig, split_metric
 from grpo_pipeline.tasks.core.common import Ref, logger
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, EvalResult, evaluate_model
@@ -40,7 +46,8 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities.model_registry import ModelVersion
 
-ITEMS_ARTIFACT = f"eval/{ITEMS_FILE}"
+ITEMS_ARTIFACT = f"eval/{ITEMS_FILE}"  # the gating suite's items
+SUITE_TAG = "suite."  # suite.<name>.<eval setting>: the settings every suite's scores were computed with
 TAG = "gate."
 CHAMPION = "champion"
 # A paired bootstrap on a handful of items gives a percentile interval that is too narrow to mean anything (it
@@ -49,6 +56,40 @@ MIN_SCORED_ITEMS = 10
 # Unscored items are not missing at random (a reward that fails, fails on some completions and not on others), so
 # what remains speaks for the eval set only while the share left out is small.
 MAX_UNSCORED_SHARE = 0.2
+
+
+def suite_items_artifact(suite: str) -> str:
+    """Where a suite's per-item scores are logged on the policy's run."""
+    return f"eval/suites/{suite}/{ITEMS_FILE}"
+
+
+def suite_tags(results: Mapping[str, EvalResult]) -> dict[str, str]:
+    """Every suite's eval settings as version tags (`suite.<name>.eval_fingerprint`, ...): what a later gate checks
+    before it compares its items with these."""
+    return {f"{SUITE_TAG}{name}.{k}": str(v) for name, r in results.items() for k, v in r.settings().items()}
+
+
+class GuardCheck(BaseModel):
+    """One guarded metric against the champion: the paired difference and whether it is within the margin."""
+
+    metric: str
+    passed: bool
+    reason: str
+    margin: float
+    challenger: float | None = None
+    champion: float | None = None
+    n: int = 0
+    delta: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+
+    def explain(self) -> str:
+        if self.delta is None:
+            return f"guard {self.metric}: {self.reason}"
+        return (
+            f"guard {self.metric} {self.challenger:.4f} vs {self.champion:.4f} on {self.n} items: difference "
+            f"{self.delta:+.4f}, 95% CI [{self.ci_low:+.4f}, {self.ci_high:+.4f}]; {self.reason}"
+        )
 
 
 class GateDecision(BaseModel):
@@ -72,6 +113,9 @@ class GateDecision(BaseModel):
     # The training-health clause ("" for a healthy round) and whether it alone kept the version from champion.
     health: str = ""
     held_back: bool = False
+    # The guarded metrics (registry.guard), and whether one of them alone kept the version from champion.
+    guards: list[GuardCheck] = []
+    guarded: bool = False
 
     @property
     def decision(self) -> str:
@@ -79,20 +123,23 @@ class GateDecision(BaseModel):
             return "unscored"
         if self.held_back:
             return "unhealthy"
+        if self.guarded:
+            return "guarded"
         if self.champion_version is None:
             return "first"
         return "promoted" if self.promote else "kept champion"
 
     def tags(self) -> dict[str, str]:
-        values = self.model_dump(exclude_none=True)
-        return {f"{TAG}decision": self.decision, **{f"{TAG}{k}": str(v) for k, v in values.items()}}
+        values = self.model_dump(exclude_none=True, exclude={"guards"})
+        guards = {f"{TAG}guards": json.dumps([g.model_dump() for g in self.guards])} if self.guards else {}
+        return {f"{TAG}decision": self.decision, **{f"{TAG}{k}": str(v) for k, v in values.items()}, **guards}
 
     @classmethod
     def from_tags(cls, tags: dict[str, str]) -> GateDecision:
-        fields = {k.removeprefix(TAG): v for k, v in tags.items() if k.startswith(TAG) and k != f"{TAG}decision"}
-        fields["promote"] = fields.get("promote") == "True"
-        fields["held_back"] = fields.get("held_back") == "True"
-        fields["unscored"] = fields.get("unscored") == "True"
+        fields: dict = {k.removeprefix(TAG): v for k, v in tags.items() if k.startswith(TAG) and k != f"{TAG}decision"}
+        for flag in ("promote", "held_back", "unscored", "guarded"):
+            fields[flag] = fields.get(flag) == "True"
+        fields["guards"] = json.loads(fields.get("guards", "[]"))
         return cls.model_validate(fields)
 
     def explain(self) -> str:
@@ -107,6 +154,10 @@ class GateDecision(BaseModel):
             f"{self.n} items{left_out}: difference {self.delta:+.4f}, 95% CI [{self.ci_low:+.4f}, "
             f"{self.ci_high:+.4f}]; {self.reason}"
         )
+
+    def guard_lines(self) -> list[str]:
+        """One line per guarded metric (none without guards)."""
+        return [g.explain() for g in self.guards]
 
 
 def item_metric(items: pd.DataFrame, metric: str) -> pd.Series:
@@ -139,11 +190,66 @@ def decide(
     items: pd.DataFrame,
     ctx: RunContext,
     alarms: Sequence[str] = (),
+    suites: Mapping[str, EvalResult] | None = None,
 ) -> GateDecision:
     """Compare `result` (the challenger, with its per-item scores `items`) with the current champion of
-    `cfg.model_name` on the same items; `alarms` (the round's training-health alarms) hold it back from champion
-    unless `cfg.allow_unhealthy`."""
-    return health_rule(_compare(client, cfg, result, items, ctx), alarms, cfg)
+    `cfg.model_name` on the same items, and each guarded metric on its suite's items (`suites`, by name); `alarms`
+    (the round's training-health alarms) hold it back from champion unless `cfg.allow_unhealthy`."""
+    decision = _compare(client, cfg, result, items, ctx)
+    if cfg.guard:
+        decision = guard_rule(decision, cfg, _guards(client, cfg, suites or {result.suite: result}, ctx))
+    return health_rule(decision, alarms, cfg)
+
+
+def guard_rule(decision: GateDecision, cfg: RegistryConfig, guards: list[GuardCheck]) -> GateDecision:
+    """A challenger the gating metric promotes stays challenger when a guarded metric regressed past the margin."""
+    failed = [g for g in guards if not g.passed]
+    if not (decision.promote and failed):
+        return decision.model_copy(update={"guards": guards})
+    why = "; ".join(f"{g.metric} {g.reason}" for g in failed)
+    reason = f"{decision.reason}, but a guarded metric may have regressed ({why}), so it is registered as challenger"
+    return decision.model_copy(update={"guards": guards, "promote": False, "guarded": True, "reason": reason})
+
+
+def _guards(
+    client: MlflowClient, cfg: RegistryConfig, suites: Mapping[str, EvalResult], ctx: RunContext
+) -> list[GuardCheck]:
+    """Each guarded metric of the challenger against the current champion on the same items of its suite."""
+    champion = current_champion(client, cfg.model_name)
+    names = list(suites)
+    checks = []
+    for metric in cfg.guard:
+        suite, bare = split_metric(metric, names)
+        if suite not in suites:
+            raise ValueError(f"registry.guard {metric!r}: suite {suite!r} was not evaluated (suites: {names})")
+        checks.append(_guard(client, champion, metric, bare, suites[suite], cfg.guard_margin, ctx))
+    return checks
+
+
+def _guard(
+    client: MlflowClient,
+    champion: ModelVersion | None,
+    metric: str,
+    bare: str,
+    result: EvalResult,
+    margin: float,
+    ctx: RunContext,
+) -> GuardCheck:
+    ours = item_metric(result.items(), bare)
+    if champion is None:
+        return GuardCheck(metric=metric, passed=True, reason="no champion to compare with", margin=margin)
+    theirs = item_metric(champion_items(client, champion, result, ctx), bare).reindex(ours.index)
+    both = ours.notna() & theirs.notna()
+    if int(both.sum()) < MIN_SCORED_ITEMS or int((~both).sum()) > MAX_UNSCORED_SHARE * len(ours):
+        reason = f"could not be compared: {int(both.sum())} of {len(ours)} items scored for both"
+        return GuardCheck(metric=metric, passed=False, reason=reason, margin=margin, n=int(both.sum()))
+    delta, low, high = paired_bootstrap_ci(theirs[both].tolist(), ours[both].tolist(), seed=ctx.seed)
+    passed = low > -margin
+    reason = f"the CI's lower bound is {'' if passed else 'not '}above -guard_margin {-margin:g}"
+    return GuardCheck(
+        metric=metric, passed=passed, reason=reason, margin=margin, challenger=_mean(ours[both]),
+        champion=_mean(theirs[both]), n=int(both.sum()), delta=delta, ci_low=low, ci_high=high,
+    )  # fmt: skip
 
 
 def health_rule(decision: GateDecision, alarms: Sequence[str], cfg: RegistryConfig) -> GateDecision:
@@ -194,7 +300,8 @@ def _compare(
     client: MlflowClient, cfg: RegistryConfig, result: EvalResult, items: pd.DataFrame, ctx: RunContext
 ) -> GateDecision:
     """The statistical comparison alone (see the module's docstring)."""
-    ours = item_metric(items, cfg.gating_metric)
+    bare = split_metric(cfg.gating_metric, [result.suite])[1]  # `gsm8k_test/accuracy`: the gating suite's accuracy
+    ours = item_metric(items, bare)
     base = {"metric": cfg.gating_metric, "min_delta": cfg.min_delta}
     champion = current_champion(client, cfg.model_name)
     if champion is None:
@@ -207,7 +314,7 @@ def _compare(
         return GateDecision(
             **base, promote=True, reason="first version", challenger=challenger, n=n, n_excluded=n_excluded
         )
-    theirs = item_metric(champion_items(client, champion, result, ctx), cfg.gating_metric).reindex(ours.index)
+    theirs = item_metric(champion_items(client, champion, result, ctx), bare).reindex(ours.index)
     both = ours.notna() & theirs.notna()
     against = {"champion_version": str(champion.version), "champion": _mean(theirs[both])}
     shortfall = _shortfall(ours, both, f"both the challenger and champion v{champion.version}", theirs)
@@ -265,12 +372,15 @@ def _mean(values: pd.Series) -> float:
 
 def champion_items(client: MlflowClient, champion: ModelVersion, result: EvalResult, ctx: RunContext) -> pd.DataFrame:
     """The champion's per-item scores on `result`'s eval set with `result`'s settings: the ones logged with its run
-    when they match, else a fresh evaluation of the champion (kept under the run directory)."""
+    (for the suite, or as its gating suite's) when they match, else a fresh evaluation of the champion (kept under
+    the run directory)."""
     settings = {k: str(v) for k, v in result.settings().items()}
-    if all(champion.tags.get(k) == v for k, v in settings.items()):
-        logged = _logged_items(champion.run_id)
-        if logged is not None:
-            return logged
+    logged_as = [(f"{SUITE_TAG}{result.suite}.", suite_items_artifact(result.suite)), ("", ITEMS_ARTIFACT)]
+    for prefix, artifact in logged_as:
+        if all(champion.tags.get(prefix + k) == v for k, v in settings.items()):
+            logged = _logged_items(champion.run_id, artifact)
+            if logged is not None:
+                return logged
     from grpo_pipeline.tasks.model import fetch_registered
 
     logger.info(
@@ -285,18 +395,18 @@ def champion_items(client: MlflowClient, champion: ModelVersion, result: EvalRes
         seed=result.seed,
         out=scratch / f"eval-{result.eval_fingerprint[:12]}",
         rewards=result.rewards,
-        label=f"champion v{champion.version}",
+        label=f"champion v{champion.version}" + ("" if result.suite == HELDOUT else f" on {result.suite}"),
     )
     return rescored.items()
 
 
-def _logged_items(run_id: str) -> pd.DataFrame | None:
+def _logged_items(run_id: str, artifact: str = ITEMS_ARTIFACT) -> pd.DataFrame | None:
     import mlflow
     from mlflow.exceptions import MlflowException
 
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=ITEMS_ARTIFACT, dst_path=tmp)
+            path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact, dst_path=tmp)
         except (MlflowException, OSError):
             return None
         return pd.read_json(path, lines=True, dtype=False)

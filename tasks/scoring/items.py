@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from grpo_pipeline.configs.schema import EvalConfig, RewardSpec
-from grpo_pipeline.rewards import build_reward
+from grpo_pipeline.rewards import build_reward, build_spec
 from grpo_pipeline.rewards.math import answer_key
 from grpo_pipeline.rewards.registry import completion_text
 from grpo_pipeline.tasks.core.common import logger
@@ -126,10 +126,10 @@ def score_items(
     """Every item's scores from its greedy completion and its n samples (see `EvalResult.items`); with
     `prompt_texts` (the rendered chat prompts), each item keeps the text the model read as `prompt_text`; with the
     completions' token ids, rewards get them as `completion_ids` (as in training)."""
-    correctness = build_reward(cfg.correctness_reward)
+    correctness = build_spec(cfg.correctness_reward)
     greedy_judged, greedy_why = judge(correctness, rows, [[g] for g in greedy], _singletons(greedy_ids))
     sampled_ok, sampled_why = judge(correctness, rows, sampled, sampled_ids)
-    vote = cfg.correctness_reward not in NO_VOTE_REWARDS
+    vote = cfg.correctness_reward.name not in NO_VOTE_REWARDS
     per_reward = {
         spec.name: reward_scores(build_reward(spec.name, spec.params, spec.timeout_s), rows, sampled, sampled_ids)
         for spec in rewards
@@ -155,7 +155,7 @@ def score_items(
                 "maj_at_k": {str(k): _flag(majority_correct(keys, ok, k)) for k in cfg.k} if vote else {},
                 "sample_rewards": {name: scores[i] for name, scores in per_reward.items()},
                 "reward_means": {name: _mean(scores[i]) for name, scores in per_reward.items()},
-                "unscored_reason": _unscored_reason(cfg.correctness_reward, [*greedy_why[i], *sampled_why[i]])
+                "unscored_reason": _unscored_reason(cfg.correctness_reward.name, [*greedy_why[i], *sampled_why[i]])
                 if unscored
                 else None,
             }

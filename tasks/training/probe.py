@@ -16,7 +16,8 @@ import math
 import pandas as pd
 from transformers import TrainerCallback
 
-from grpo_pipeline.rewards import build_reward
+from grpo_pipeline.configs.grpo import RewardSpec
+from grpo_pipeline.rewards import build_spec
 from grpo_pipeline.tasks.core.common import logger
 from grpo_pipeline.tasks.scoring.curves import PROBE_METRIC
 from grpo_pipeline.tasks.scoring.generation import generate
@@ -73,7 +74,7 @@ class HeldOutAccuracyProbe(TrainerCallback):
         tokenizer,
         every_steps: int,
         max_new_tokens: int,
-        correctness: str,
+        correctness: RewardSpec,
         keep_best: bool = False,
         patience: int = 0,
         notes: list[str] | None = None,
@@ -84,7 +85,7 @@ class HeldOutAccuracyProbe(TrainerCallback):
         self.tokenizer = tokenizer
         self.every_steps = every_steps
         self.max_new_tokens = max_new_tokens
-        self.reward = build_reward(correctness)
+        self.reward = build_spec(correctness)
         self.keep_best = keep_best
         self.stop_at = stop_at  # end training at the first probe at or above this accuracy
         self.patience = patience

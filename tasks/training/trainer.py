@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpo_pipeline.configs.schema import ConfigError, ModelConfig
-from grpo_pipeline.tasks.core.common import Checkpoint, atomic_dir, fingerprint_path, logger, staging_path
+from grpo_pipeline.tasks.core.common import (
+    Checkpoint,
+    atomic_dir,
+    fingerprint_path,
+    load_tokenizer,
+    logger,
+    staging_path,
+)
 from grpo_pipeline.tasks.core.launch import LAUNCH_ID_ENV, is_main_process
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.core.tracking import mlflow_run
@@ -136,15 +143,6 @@ def check_model_runtime(model_cfg: ModelConfig) -> None:
         )
     if importlib.util.find_spec("bitsandbytes") is None:
         raise ConfigError("model.load_in_4bit needs bitsandbytes: pip install -e '.[gpu]'")
-
-
-def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
 
 
 def load_split(path: Path, columns: list[str] | None = None) -> Dataset:

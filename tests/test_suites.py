@@ -1,0 +1,202 @@
+"""Evaluation suites: named benchmarks with their own source, prompt format, correctness reward and sampling
+settings (eval.suites), prepared and scored apart, and a gate that guards other suites' metrics (registry.guard).
+
+MLflow is a SQLite store under tmp_path, as in tests/test_register.py, whose helpers build real tiny checkpoints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from mlflow import MlflowClient
+
+from grpo_pipeline.configs.schema import HELDOUT, ConfigError, PipelineConfig, RewardSpec, load_config
+from grpo_pipeline.tasks.core.common import Ref, fingerprint_path
+from grpo_pipeline.tasks.core.stage import RunContext
+from grpo_pipeline.tasks.register import register_policy
+from grpo_pipeline.tasks.release.gate import GateDecision, suite_items_artifact
+from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, EvalResult, summarize
+from grpo_pipeline.tasks.scoring.items import item_id
+from grpo_pipeline.tasks.suites import prepare_suite, suite_sources
+from grpo_pipeline.tasks.validate import DataValidationError
+from tests.test_register import EVAL, policy
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+GSM8K_TEST = SHARED / "gsm8k_test.jsonl"
+GSM8K_SUITE = (
+    "eval.suites=[{name: heldout}, {name: gsm8k_test, source: file, path: %s, prompt_column: question, "
+    "answer_column: answer, answer_pattern: '#### (.+)$', max_problems: 40, n_samples: 2, k: [1, 2]}]"
+)
+
+
+# ----------------------------------------------------------------------------- the config
+
+
+def test_no_suites_means_the_held_out_split_alone():
+    cfg = load_config(None)
+    assert cfg.eval.suite_names() == [HELDOUT] and cfg.gating_suite() == HELDOUT
+    assert cfg.eval.suite(HELDOUT).source == "heldout"
+    # the held-out suite's settings are the section's own: the evaluations cached before suites existed still match
+    assert cfg.eval.for_suite(HELDOUT) == cfg.eval
+
+
+def test_a_suite_overrides_the_sampling_and_the_scorer_and_keys_only_itself(tmp_path):
+    cfg = load_config(None, [GSM8K_SUITE % (tmp_path / "t.jsonl")])
+    assert cfg.eval.suite_names() == [HELDOUT, "gsm8k_test"]
+    suite = cfg.eval.for_suite("gsm8k_test")
+    assert (suite.n_samples, suite.k, suite.max_problems, suite.suites) == (2, [1, 2], 40, [])
+    assert suite.temperature == cfg.eval.temperature  # not overridden: the section's
+    # adding a suite changes neither the held-out suite's settings nor, so, its evaluation's key
+    assert cfg.eval.for_suite(HELDOUT) == load_config(None).eval.for_suite(HELDOUT)
+    coded = load_config(
+        None,
+        [
+            "grpo.rewards=[{name: code_tests, params: {isolation: bwrap, float_tolerance: 0.01}}]",
+            "eval.suites=[{name: he, source: file, path: x.jsonl, correctness_reward: code_tests}]",
+        ],
+    )
+    assert coded.eval.for_suite("he").correctness_reward == RewardSpec(
+        name="code_tests", params={"isolation": "bwrap", "float_tolerance": 0.01}
+    )  # a bare name takes the training reward's params, as eval.correctness_reward does
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["eval.suites=[{name: a}, {name: a}]"], "more than once"),
+        (["eval.suites=[{name: 'a/b'}]"], "letters, digits"),
+        (["eval.suites=[{name: t, source: file}]"], "no path"),
+        (["eval.suites=[{name: t, source: synthetic}]"], "no synthetic"),
+        (["eval.suites=[{name: t, n_samples: 2}]"], "exceeds n_samples"),
+        (["registry.gating_metric=gsm8k/accuracy"], "names no eval suite 'gsm8k'"),
+        (["eval.suites=[{name: heldout}]", "registry.guard=[other/accuracy]"], "registry.guard"),
+    ],
+)
+def test_a_bad_suite_is_one_error_naming_the_field(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_the_gate_may_name_any_suites_metric(tmp_path):
+    cfg = load_config(
+        None, [GSM8K_SUITE % (tmp_path / "t.jsonl"), "registry.gating_metric=gsm8k_test/accuracy",
+               "registry.guard=[heldout/accuracy, reward/format]"]
+    )  # fmt: skip
+    assert cfg.gating_suite() == "gsm8k_test"
+    assert isinstance(cfg, PipelineConfig) and cfg.registry.guard == ["heldout/accuracy", "reward/format"]
+
+
+# ----------------------------------------------------------------------------- preparing a suite
+
+
+@pytest.mark.skipif(not GSM8K_TEST.exists(), reason=f"{GSM8K_TEST} is absent (the shared GSM8K test split)")
+def test_a_file_suite_is_prepared_and_validated(tmp_path):
+    cfg = load_config(None, [GSM8K_SUITE % GSM8K_TEST, f"run_dir={tmp_path}"])
+    suite = cfg.eval.suite("gsm8k_test")
+    ref = prepare_suite(suite, cfg.run_dir)
+    rows = pd.read_parquet(ref.path)
+    source = pd.read_json(GSM8K_TEST, lines=True).head(40)
+    assert rows["prompt"].tolist() == source["question"].tolist()  # in the benchmark's order, capped
+    assert rows["answer"].tolist() == [a.rsplit("#### ", 1)[1].strip() for a in source["answer"]]
+    held_out = Ref(path="eval.parquet", fingerprint="f" * 64)
+    assert suite_sources(cfg.eval, held_out, {"gsm8k_test": ref}) == {HELDOUT: held_out, "gsm8k_test": ref}
+    assert prepare_suite(suite, cfg.run_dir) == ref  # keyed by its config and the file's content
+
+
+def test_a_suite_with_bad_rows_names_them(tmp_path):
+    bad = tmp_path / "bench.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in [{"q": "1+1=", "a": "2"}, {"q": " ", "a": "3"}]))
+    cfg = load_config(None, [f"eval.suites=[{{name: bench, source: file, path: {bad}, prompt_column: q, "
+                             f"answer_column: a}}]", f"run_dir={tmp_path}"])  # fmt: skip
+    with pytest.raises(DataValidationError, match=r"(?s)eval suite 'bench'.*row 1: column 'prompt' failed 'prompt_not_blank'"):
+        prepare_suite(cfg.eval.suite("bench"), cfg.run_dir)
+    assert not (tmp_path / "suite-bench").exists() or not any((tmp_path / "suite-bench").rglob("*.parquet"))
+
+
+def test_a_synthetic_suite_draws_its_own_problems(tmp_path):
+    cfg = load_config(None, ["eval.suites=[{name: heldout}, {name: units, source: synthetic, num_problems: 30, "
+                             "synthetic: {min_digits: 1, max_digits: 1}}]", f"run_dir={tmp_path}"])  # fmt: skip
+    rows = pd.read_parquet(prepare_suite(cfg.eval.suite("units"), cfg.run_dir).path)
+    assert len(rows) == 30 and all(len(p) == 4 for p in rows["prompt"])  # "7+8="
+    assert all(int(p[0]) + int(p[2]) == int(a) for p, a in zip(rows["prompt"], rows["answer"], strict=True))
+
+
+# ----------------------------------------------------------------------------- the gate over suites
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch) -> Path:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    return tmp_path
+
+
+def problems(run_dir: Path, name: str, n: int) -> Ref:
+    rows = pd.DataFrame({"prompt": [f"{name} {i}?" for i in range(n)], "answer": [str(i) for i in range(n)]})
+    path = run_dir / f"{name}.parquet"
+    rows.to_parquet(path, index=False)
+    return Ref(path=str(path), fingerprint=fingerprint_path(path))
+
+
+def scored(run_dir: Path, held_out: Ref, correct: list[int], suite: str, model: str) -> EvalResult:
+    rows = pd.read_parquet(held_out.path)
+    items = [
+        {"id": item_id(p), "prompt": p, "answer": a, "greedy": a if ok else "x", "greedy_correct": ok,
+         "samples": [a, "x"], "sample_correct": [ok, 0], "correct_count": ok, "scored_count": 2,
+         "pass_at_k": {"1": ok / 2, "2": float(ok)}, "maj_at_k": {}, "sample_rewards": {}, "reward_means": {}}
+        for p, a, ok in zip(rows["prompt"], rows["answer"], correct, strict=True)
+    ]  # fmt: skip
+    path = run_dir / f"items-{model}-{suite}" / ITEMS_FILE
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps(it) + "\n" for it in items))
+    return summarize(items, EVAL, model, 0, held_out, path).model_copy(update={"suite": suite})
+
+
+def register(run_dir: Path, model: str, task: list[int], other: list[int], **registry: object):
+    """Register `model` with accuracy vectors on the gating suite `task` and on the guarded suite `other`."""
+    from grpo_pipeline.configs.schema import RegistryConfig
+
+    refs = {"task": problems(run_dir, "task", len(task)), "other": problems(run_dir, "other", len(other))}
+    suites = {"task": scored(run_dir, refs["task"], task, "task", model),
+              "other": scored(run_dir, refs["other"], other, "other", model)}  # fmt: skip
+    cfg = RegistryConfig(experiment="test", model_name="m", gating_metric="task/accuracy", **registry)
+    ctx = RunContext(run_dir=str(run_dir), experiment="test", recipe="test", seed=0)
+    ckpt = policy(run_dir, model)
+    return register_policy(ckpt, suites["task"], None, cfg, ctx, "name: test\n", {}, suites=suites)
+
+
+def test_a_challenger_that_loses_on_a_guarded_suite_is_not_promoted(store):
+    n = 60
+    first = register(store, "v1", [1] * 20 + [0] * 40, [1] * 50 + [0] * 10, guard=["other/accuracy"])
+    assert first.alias == "champion" and first.gate.guards[0].reason == "no champion to compare with"
+    # much better on the gating suite (20 -> 50 of 60), much worse on the guarded one (50 -> 20 of 60)
+    second = register(store, "v2", [1] * 50 + [0] * 10, [1] * 20 + [0] * 40, guard=["other/accuracy"])
+    gate = second.gate
+    assert second.alias == "challenger" and gate.decision == "guarded" and not gate.promote
+    assert gate.delta == pytest.approx(30 / n) and gate.ci_low > 0  # the gating metric alone would promote it
+    guard = gate.guards[0]
+    assert guard.metric == "other/accuracy" and not guard.passed and guard.n == n
+    assert guard.delta == pytest.approx(-30 / n) and guard.ci_low < -0.02
+    assert "guarded metric may have regressed" in gate.reason and "other/accuracy" in gate.reason
+    # the decision and every figure it used are in the version's tags, and read back from them
+    version = MlflowClient().get_model_version("m", second.version)
+    assert version.tags["gate.decision"] == "guarded"
+    assert GateDecision.from_tags(version.tags).guards[0].delta == pytest.approx(guard.delta)
+    assert "guard other/accuracy" in version.description  # the card
+    # every suite is logged under its name, with its items where the next gate reads them
+    run = MlflowClient().get_run(version.run_id)
+    assert run.data.metrics["task/accuracy"] == pytest.approx(50 / n)
+    assert run.data.metrics["other/accuracy"] == pytest.approx(20 / n)
+    artifacts = {a.path for a in MlflowClient().list_artifacts(version.run_id, "eval/suites/other")}
+    assert suite_items_artifact("other") in artifacts
+    # as good on the guarded suite (within the margin) and better on the gating one: promoted
+    third = register(store, "v3", [1] * 50 + [0] * 10, [1] * 50 + [0] * 10, guard=["other/accuracy"])
+    assert third.alias == "champion" and third.gate.decision == "promoted" and third.gate.guards[0].passed
+
+
+def test_without_guards_the_other_suites_do_not_gate(store):
+    register(store, "v1", [1] * 20 + [0] * 40, [1] * 50 + [0] * 10)
+    second = register(store, "v2", [1] * 50 + [0] * 10, [1] * 20 + [0] * 40)
+    assert second.alias == "champion" and second.gate.decision == "promoted" and not second.gate.guards
