@@ -13,32 +13,47 @@ from typing import Any
 # ----------------------------------------------------------------------------- GSM8K (openai/gsm8k: question, answer)
 
 
+def _name(i: int) -> str:
+    """A name of its own for each of the first 64 rows."""
+    return ("Ma", "Lo", "Ti", "Re", "Sa", "No", "Ka", "Di")[i % 8] + (
+        "ria",
+        "ven",
+        "lo",
+        "nia",
+        "mon",
+        "ra",
+        "dan",
+        "bel",
+    )[i // 8]
+
+
 def gsm8k_rows(n: int = 60) -> list[dict[str, str]]:
-    """Grade-school word problems whose answer ends with `#### <number>`, as GSM8K's do."""
+    """Grade-school word problems whose answer ends with `#### <number>`, as GSM8K's do. Each names its own person in
+    every sentence, so that no two rows share a run of 13 words (decontamination would take them for copies)."""
     rows = []
     for i in range(n):
-        a, b, c = 3 + i, 2 + i % 7, 1 + i % 5
+        a, b, c, name = 3 + i, 2 + i % 7, 1 + i % 5, _name(i)
         if i % 3 == 0:
             question = (
-                f"Mia has {a} boxes with {b} pencils in each box. She gives {c} pencils to her brother. "
-                "How many pencils does she have left?"
+                f"{name} has {a} boxes with {b} pencils in each box. {name} gives {c} pencils to a friend. "
+                f"How many pencils does {name} have left?"
             )
-            work, result = f"She has {a} * {b} = <<{a}*{b}={a * b}>>{a * b} pencils.", a * b - c
-            work += f"\nAfter giving {c} away she has {a * b} - {c} = <<{a * b}-{c}={result}>>{result} pencils."
+            work, result = f"{name} has {a} * {b} = <<{a}*{b}={a * b}>>{a * b} pencils.", a * b - c
+            work += f"\nAfter giving {c} away there are {a * b} - {c} = <<{a * b}-{c}={result}>>{result} left."
         elif i % 3 == 1:
             question = (
-                f"A bakery bakes {a} loaves of bread a day for {b} days and keeps {c} loaves for itself. "
-                "How many loaves does it sell?"
+                f"{name} bakes {a} loaves of bread a day for {b} days. {name} keeps {c} loaves. "
+                f"How many loaves does {name} sell?"
             )
-            work, result = f"It bakes {a} * {b} = <<{a}*{b}={a * b}>>{a * b} loaves.", a * b - c
-            work += f"\nIt sells {a * b} - {c} = <<{a * b}-{c}={result}>>{result} loaves."
+            work, result = f"{name} bakes {a} * {b} = <<{a}*{b}={a * b}>>{a * b} loaves.", a * b - c
+            work += f"\n{name} sells {a * b} - {c} = <<{a * b}-{c}={result}>>{result} loaves."
         else:
             question = (
-                f"A train runs at {a} kilometres an hour for {b} hours, then another {c} kilometres. "
-                "How many kilometres does it travel in all?"
+                f"{name} drives at {a} kilometres an hour for {b} hours. Then {name} drives {c} kilometres more. "
+                f"How far does {name} drive in all?"
             )
-            work, result = f"In {b} hours it travels {a} * {b} = <<{a}*{b}={a * b}>>{a * b} km.", a * b + c
-            work += f"\nIn all it travels {a * b} + {c} = <<{a * b}+{c}={result}>>{result} km."
+            work, result = f"In {b} hours {name} drives {a} * {b} = <<{a}*{b}={a * b}>>{a * b} km.", a * b + c
+            work += f"\nIn all {name} drives {a * b} + {c} = <<{a * b}+{c}={result}>>{result} km."
         rows.append({"question": question, "answer": f"{work}\n#### {result}"})
     return rows
 
@@ -47,23 +62,19 @@ def gsm8k_rows(n: int = 60) -> list[dict[str, str]]:
 
 
 def _stdin_problem(k: int, family: int) -> tuple[str, str, list[tuple[str, str]]]:
-    """(statement, solution, [(stdin, stdout)]) of one stdin/stdout problem."""
+    """(statement, solution, [(stdin, stdout)]) of one stdin/stdout problem. Statements are shorter than 13 words,
+    so that rows that differ only in k do not share a 13-word run (decontamination would take them for copies)."""
     if family == 0:
-        statement = (
-            f"You are given an integer n. Print n multiplied by {k}.\n\nInput\nOne line with n.\n\nOutput\nOne line."
-        )
+        statement = f"Read an integer n and print n times {k}."
         solution = f"n = int(input())\nprint(n * {k})\n"
         cases = [(f"{n}\n", f"{n * k}\n") for n in (0, 7, -12)]
     elif family == 1:
-        statement = (
-            f"The first line holds an integer m, the second line m integers. Print how many of them are divisible "
-            f"by {k}."
-        )
+        statement = f"Read m, then m integers; print how many of them divide by {k}."
         solution = f"input()\nprint(sum(1 for x in map(int, input().split()) if x % {k} == 0))\n"
         lists = ([1, 2, 3, 4, 5, 6], [k, 2 * k, k + 1], [0, -k, 7 * k, 1])
         cases = [(f"{len(xs)}\n{' '.join(map(str, xs))}\n", f"{sum(1 for x in xs if x % k == 0)}\n") for xs in lists]
     else:
-        statement = f"Read one line of lowercase letters and print it with every letter written {k} times in a row."
+        statement = f"Print the input line with each letter written {k} times."
         solution = f"print(''.join(c * {k} for c in input().strip()))\n"
         cases = [(f"{word}\n", "".join(c * k for c in word) + "\n") for word in ("abc", "z", "hello")]
     return statement, solution, cases
@@ -79,10 +90,7 @@ def open_r1_rows(n: int = 60) -> list[dict[str, Any]]:
             statement, solution, io = _stdin_problem(k, family)
             cases = [{"type": "stdin_stdout", "input": stdin, "output": out, "fn_name": None} for stdin, out in io]
         else:
-            statement = (
-                f"Write a function clip_at(xs) that returns the list xs with every element larger than {k} replaced "
-                f"by {k}."
-            )
+            statement = f"Write clip_at(xs), returning xs with each element above {k} set to {k}."
             solution = f"def clip_at(xs):\n    return [min(x, {k}) for x in xs]\n"
             calls = ([1, 50, k], [], [k + 1, -3])
             cases = [

@@ -181,7 +181,9 @@ def test_the_code_recipe_scores_its_training_rows_by_their_tests(tmp_path, code_
     path = write_jsonl(tmp_path / "train.jsonl", open_r1_rows(8))
     cfg = load_config(CODER, ["data.source=file", f"data.path={path}"])
     rows = load_source(cfg.data)
-    assert json.loads(rows.iloc[0]["prompt"])[0]["content"].endswith(open_r1_rows(1)[0]["problem_statement"])
+    system, user = json.loads(rows.iloc[0]["prompt"])  # the instruction, then the problem alone
+    assert system["content"] == cfg.data.system_prompt and "```python" in system["content"]
+    assert user == {"role": "user", "content": open_r1_rows(1)[0]["problem_statement"]}
     assert weighted(cfg.grpo.rewards, rows, rows["answer"].tolist()) == pytest.approx([1.0] * 8)
     assert sum(weighted(cfg.grpo.rewards, rows, ["```python\nprint(1)\n```"] * 8)) < 1.0
 
@@ -208,20 +210,23 @@ def test_the_code_recipe_asks_humaneval_as_evalplus_does(shared_data, code_sandb
 
 def test_decontamination_drops_a_benchmark_prompt_planted_in_the_code_rl_rows(shared_data):
     """A HumanEval problem among the code-RL training rows is caught by the recipe's own decontamination (13-word
-    runs), though training and evaluation wrap it in different instructions; the clean rows overlap nothing, so the
-    instructions themselves never make a row look contaminated."""
+    runs), though training and evaluation ask it in other words; the clean rows overlap nothing, neither the
+    benchmarks nor the held-out rows, which are asked as training asks: what the recipe wraps around a problem never
+    makes a row look contaminated."""
     cfg = load_config(CODER)
     humaneval = read_table(shared_data / "HumanEval.jsonl.gz")
     suite_cfg = {name: cfg.eval.suite(name).data_config() for name in ("humaneval", "mbpp")}
+    problems = [r["problem_statement"] for r in open_r1_rows(80)]
     benchmark = {
         "humaneval": [format_prompt(suite_cfg["humaneval"], p) for p in humaneval["prompt"]],
         "mbpp": [format_prompt(suite_cfg["mbpp"], r["prompt"]) for r in mbpp_rows()],
+        "heldout": [format_prompt(cfg.data, p) for p in problems[60:]],
     }
-    train = [format_prompt(cfg.data, r["problem_statement"]) for r in open_r1_rows()]
+    train = [format_prompt(cfg.data, p) for p in problems[:60]]
     planted = len(train) // 2
     train.insert(planted, format_prompt(cfg.data, humaneval["prompt"][7]))
     hits = contaminated(train, benchmark, cfg.data.decontaminate_ngram)
-    assert hits == {"humaneval": [planted], "mbpp": []}
+    assert hits == {"humaneval": [planted], "mbpp": [], "heldout": []}
 
 
 # ----------------------------------------------------------------------------- vLLM settings -> TRL
