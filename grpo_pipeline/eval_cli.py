@@ -159,7 +159,11 @@ DataOpt = Annotated[
     ),
 ]
 FormatOpt = Annotated[
-    str, typer.Option("--format", help="Benchmark file format: auto, gsm8k, boxed, humaneval, mbpp, columns.")
+    str,
+    typer.Option(
+        "--format",
+        help="Benchmark file format: auto (detected from the columns) or a format's name (a wrong one lists them).",
+    ),
 ]
 CompareOpt = Annotated[
     str | None,

@@ -49,14 +49,16 @@ def test_apps_stdio_row() -> None:
         "starter_code": "",
     }
     assert parse_tests(row) == ParsedTests(
-        style="stdio", cases=(StdioCase("1 2\n", "3\n"), StdioCase("5 5\n", "10\n")), source="apps"
+        style="stdio", cases=(StdioCase("1 2\n", "3\n"), StdioCase("5 5\n", "10\n")), source="apps", stdout_rule="apps"
     )
 
 
 def test_apps_lines_are_joined_with_newlines() -> None:
     # some APPS problems store an input/output as a list of lines; APPS's testing_util.py joins them with "\n"
     row = {"input_output": json.dumps({"inputs": [["2", "1 2"]], "outputs": [["3", "done"]]})}
-    assert parse_tests(row) == ParsedTests(style="stdio", cases=(StdioCase("2\n1 2", "3\ndone"),), source="apps")
+    assert parse_tests(row) == ParsedTests(
+        style="stdio", cases=(StdioCase("2\n1 2", "3\ndone"),), source="apps", stdout_rule="apps"
+    )
 
 
 def test_apps_call_based_row_keeps_the_wrapped_expected_values() -> None:
@@ -69,6 +71,7 @@ def test_apps_call_based_row_keeps_the_wrapped_expected_values() -> None:
         cases=(CallCase(([1, 2], [3]), [[1, 2, 3]]), CallCase(([], []), [[]])),
         entry="add_lists",
         source="apps",
+        stdout_rule="apps",
         class_name="Solution",
         unwrap_single=True,
     )
@@ -113,6 +116,7 @@ def test_codecontests_row_uses_public_private_and_generated_tests() -> None:
             StdioCase("9 1\n", "10\n"),
         ),
         source="codecontests",
+        stdout_rule="codecontests",
     )
 
 
@@ -123,7 +127,9 @@ def test_codecontests_from_parquet_holds_numpy_arrays() -> None:
         "private_tests": {"input": np.array([], dtype=object), "output": np.array([], dtype=object)},
         "generated_tests": None,
     }
-    assert parse_tests(row) == ParsedTests(style="stdio", cases=(StdioCase("1\n", "2\n"),), source="codecontests")
+    assert parse_tests(row) == ParsedTests(
+        style="stdio", cases=(StdioCase("1\n", "2\n"),), source="codecontests", stdout_rule="codecontests"
+    )
 
 
 # ----------------------------------------------------------------------------- LiveCodeBench
@@ -153,7 +159,10 @@ def test_livecodebench_stdin_row_with_compressed_private_tests() -> None:
     private = [{"input": "1\n5\n", "output": "5\n", "testtype": "stdin"}]
     row = lcb_row(public, lcb_blob(json.dumps(private)))
     assert parse_tests(row) == ParsedTests(
-        style="stdio", cases=(StdioCase("3\n1 2 3\n", "6\n"), StdioCase("1\n5\n", "5\n")), source="livecodebench"
+        style="stdio",
+        cases=(StdioCase("3\n1 2 3\n", "6\n"), StdioCase("1\n5\n", "5\n")),
+        source="livecodebench",
+        stdout_rule="livecodebench",
     )
     # older releases store the private cases as plain JSON
     assert parse_tests(lcb_row(public, json.dumps(private))) == parse_tests(row)
@@ -169,6 +178,7 @@ def test_livecodebench_functional_row_calls_the_metadata_function() -> None:
         cases=(CallCase(([2, 7, 11, 15], 9), [0, 1]), CallCase(("abc", {"k": True}), None)),
         entry="twoSum",
         source="livecodebench",
+        stdout_rule="livecodebench",
         class_name="Solution",
         unwrap_single=False,
     )
@@ -225,7 +235,10 @@ def test_open_r1_stdin_stdout_row() -> None:
         {"fn_name": None, "input": "4 4\n", "output": "8\n", "type": "stdin_stdout"},
     ]
     expected = ParsedTests(
-        style="stdio", cases=(StdioCase("1 2\n", "3\n"), StdioCase("4 4\n", "8\n")), source="open-r1"
+        style="stdio",
+        cases=(StdioCase("1 2\n", "3\n"), StdioCase("4 4\n", "8\n")),
+        source="open-r1",
+        stdout_rule="open-r1",
     )
     row = open_r1_row(cases)
     assert parse_tests(row) == expected
@@ -245,6 +258,7 @@ def test_open_r1_function_call_row() -> None:
         cases=(CallCase((1, 2), [3]), CallCase(([5], [6]), [[5, 6]]), CallCase(("a", "b"), "ab")),
         entry="add",
         source="open-r1",
+        stdout_rule="open-r1",
         class_name="Solution",
         unwrap_single=True,
     )

@@ -20,8 +20,7 @@ from typing import Any
 import pytest
 
 from grpo_pipeline.rewards._harness import STDOUT_RULES, outputs_match
-from grpo_pipeline.rewards.code_formats import STDOUT_RULES as FORMAT_RULES
-from grpo_pipeline.rewards.code_formats import parse_tests
+from grpo_pipeline.rewards.code_formats import CODE_FORMATS, parse_tests
 from grpo_pipeline.rewards.registry import build_reward
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,7 +86,7 @@ def test_a_tolerance_widens_any_rule_and_an_unknown_rule_is_an_error() -> None:
 
 
 def test_every_stdin_format_names_a_rule_the_harness_has_and_the_docs_list() -> None:
-    assert set(FORMAT_RULES.values()) | {"lines"} == set(STDOUT_RULES)
+    assert {fmt.stdout_rule for fmt in CODE_FORMATS} | {"lines"} == set(STDOUT_RULES)
     docs = (ROOT / "docs" / "rewards.md").read_text()
     table = docs[docs.index("### How stdout is compared") :]
     for rule in STDOUT_RULES:

@@ -93,7 +93,7 @@ def test_correctness_rewards_are_registered() -> None:
     }
     assert {correctness_reward_for(fmt) for fmt in FORMATS} <= set(REGISTRY)
     with pytest.raises(DataError, match="unknown eval format 'aime'"):
-        correctness_reward_for("aime")  # type: ignore[arg-type]
+        correctness_reward_for("aime")
 
 
 def test_module_imports_no_heavy_library() -> None:

@@ -110,12 +110,15 @@ def test_apps_rows_map_to_the_eval_columns_with_their_tests(tmp_path: Path) -> N
         "Return the sum of a list.\n\nComplete this starter code. Put the whole solution in one ```python code "
         "block.\n```python\ndef total(xs):\n```\n"
     )
-    assert parse_tests(rows.iloc[0].to_dict()) == ParsedTests("stdio", (StdioCase("1 2\n", "3\n"),), source="apps")
+    assert parse_tests(rows.iloc[0].to_dict()) == ParsedTests(
+        "stdio", (StdioCase("1 2\n", "3\n"),), source="apps", stdout_rule="apps"
+    )
     assert parse_tests(rows.iloc[1].to_dict()) == ParsedTests(
         "call",
         (CallCase(([1, 2],), [3]), CallCase(([],), [0])),
         entry="total",
         source="apps",
+        stdout_rule="apps",
         class_name="Solution",
         unwrap_single=True,
     )
@@ -197,7 +200,7 @@ def test_open_r1_rows(tmp_path: Path) -> None:
     assert list(rows.columns) == ["id", "prompt", "answer", "verification_info", "metadata"]
     assert rows.loc[0, "id"] == "vfc_1" and rows.loc[0, "answer"].startswith("```python\nprint(")
     parsed = parse_tests(rows.iloc[0].to_dict())
-    assert parsed == ParsedTests("stdio", (StdioCase("1 2\n", "3\n"),), source="open-r1")
+    assert parsed == ParsedTests("stdio", (StdioCase("1 2\n", "3\n"),), source="open-r1", stdout_rule="open-r1")
 
 
 def test_code_io_prompt_for_a_function_without_starter_code() -> None:

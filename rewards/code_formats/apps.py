@@ -8,6 +8,7 @@ from typing import Any
 from grpo_pipeline.rewards.code_formats.cases import (
     SOLUTION_CLASS,
     CallCase,
+    CodeFormat,
     ParsedTests,
     StdioCase,
     TestFormatError,
@@ -17,7 +18,10 @@ from grpo_pipeline.rewards.code_formats.cases import (
     decoded,
     is_missing,
     paired,
+    string_list,
 )
+
+COLUMN = "input_output"
 
 
 def io_dict_tests(io_dict: dict[str, Any], column: str, fn_name: Any = None) -> ParsedTests:
@@ -31,19 +35,35 @@ def io_dict_tests(io_dict: dict[str, Any], column: str, fn_name: Any = None) -> 
             StdioCase(as_text(i, column, f"inputs[{n}]"), as_text(o, column, f"outputs[{n}]"))
             for n, (i, o) in enumerate(pairs)
         )
-        return ParsedTests(style="stdio", cases=cases, source="apps")
+        return ParsedTests(style="stdio", cases=cases)
     if not isinstance(fn_name, str):
         raise TestFormatError(f"column {column!r}: 'fn_name' must be a string, not {type(fn_name).__name__}")
     calls = tuple(
         CallCase(tuple(as_sequence(i, column, f"inputs[{n}] (the call's arguments)")), o)
         for n, (i, o) in enumerate(pairs)
     )
-    return ParsedTests(
-        style="call", cases=calls, entry=fn_name, source="apps", class_name=SOLUTION_CLASS, unwrap_single=True
-    )
+    return ParsedTests(style="call", cases=calls, entry=fn_name, class_name=SOLUTION_CLASS, unwrap_single=True)
 
 
 def parse_apps(row: Mapping[str, Any]) -> ParsedTests:
     """APPS / TACO `input_output` (see the module docstring)."""
-    column = "input_output"
+    column = COLUMN
     return io_dict_tests(as_mapping(decoded(row[column], column), column, "the value"), column)
+
+
+def first_solution(value: Any) -> str:
+    """The first of APPS's `solutions` (a JSON list of programs), or ""."""
+    solutions = string_list(value)
+    return solutions[0] if solutions else ""
+
+
+APPS = CodeFormat(
+    name="apps",
+    test_columns=(COLUMN,),
+    parse=parse_apps,
+    stdout_rule="apps",  # TACO rows share APPS's column, and so its checker
+    statement_columns=("question",),
+    id_column="problem_id",
+    solutions_column="solutions",
+    first_solution=first_solution,
+)

@@ -1,9 +1,11 @@
-"""The normalized form every format parses into, the columns each format reads, and the value helpers they share."""
+"""The normalized form every format parses into, the spec each format declares (`CodeFormat`), and the value helpers
+they share."""
 
 from __future__ import annotations
 
+import ast
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -34,7 +36,8 @@ class ParsedTests:
     `class_name` is set, `entry` is a bare name that the checkers call on an instance of that class when the program
     defines it, else at module level (APPS and LiveCodeBench test `"class Solution" in code`); `entry_expression`
     resolves it for one program. `unwrap_single`: a result `out` also passes when `[out] == expected` (APPS).
-    `source` names the format: "apps", "livecodebench", "codecontests" or "open-r1".
+    `source` names the format the tests came from and `stdout_rule` is that format's (`parse_tests` sets both from
+    its `CodeFormat`); "lines" is the rule for tests of no known dataset.
     """
 
     style: Literal["stdio", "call"]
@@ -43,11 +46,7 @@ class ParsedTests:
     source: str = ""
     class_name: str | None = None
     unwrap_single: bool = False
-
-    @property
-    def stdout_rule(self) -> StdoutRule:
-        """How stdio tests compare stdout with the expected output: as the format's own checker does."""
-        return STDOUT_RULES.get(self.source, "lines")
+    stdout_rule: StdoutRule = "lines"
 
 
 class TestFormatError(ValueError):
@@ -56,25 +55,43 @@ class TestFormatError(ValueError):
     __test__ = False  # not a pytest test class, despite its name
 
 
-# The columns each format reads, in the order they are tried; `metadata` only supplies LiveCodeBench's func_name.
-FORMAT_COLUMNS: dict[str, tuple[str, ...]] = {
-    "apps": ("input_output",),
-    "livecodebench": ("public_test_cases", "private_test_cases"),
-    "codecontests": ("public_tests", "private_tests", "generated_tests"),
-    "open-r1": ("verification_info",),
-}
-TEST_FORMAT_COLUMNS: tuple[str, ...] = (*(c for cols in FORMAT_COLUMNS.values() for c in cols), "metadata")
-
-# How each format's stdin/stdout tests compare stdout with the expected output: as that dataset's own checker does
-# (the harness's `STDOUT_RULES` implements each; docs/rewards.md has the table, with the checker each one follows).
-# TACO rows share APPS's `input_output` column, and so APPS's rule.
+# How stdin/stdout tests compare stdout with the expected output: each format names the rule of its dataset's own
+# checker (`CodeFormat.stdout_rule`); the harness's `STDOUT_RULES` implements each, and docs/rewards.md tables them
+# with the checker each one follows. "lines" is for tests of no known dataset.
 StdoutRule = Literal["lines", "apps", "livecodebench", "codecontests", "open-r1"]
-STDOUT_RULES: dict[str, StdoutRule] = {
-    "apps": "apps",
-    "livecodebench": "livecodebench",
-    "codecontests": "codecontests",
-    "open-r1": "open-r1",
-}
+
+# Read beside a format's tests (LiveCodeBench's `metadata` names the function its functional tests call); rows keep it
+# with every format's tests, so the code reward sees what it may read.
+EXTRA_TEST_COLUMNS: tuple[str, ...] = ("metadata",)
+
+
+@dataclass(frozen=True)
+class CodeFormat:
+    """One stdin/stdout or call-based code format: the columns it is published with and how its tests are read.
+
+    `test_columns` hold the tests, in the order `parse` reads them; a row of this format has a value in at least one
+    (that is how `parse_tests` recognises a row), and every table of it has the first, with one of
+    `statement_columns` (`signatures`: how the eval stage recognises a table). `parse` turns a row's test columns into
+    `ParsedTests` (raising `TestFormatError`); `stdout_rule` is how its dataset's checker compares stdout. For eval
+    rows (tasks/scoring/adapters.py): the problem statement is the first of `statement_columns` present, its id is
+    `id_column`, and its reference solution comes from `solutions_column` (absent: none is published), picked by
+    `first_solution` when that column holds several (None: the column's text is the program).
+    """
+
+    name: str
+    test_columns: tuple[str, ...]
+    parse: Callable[[Mapping[str, Any]], ParsedTests]
+    stdout_rule: StdoutRule
+    statement_columns: tuple[str, ...]
+    id_column: str
+    solutions_column: str | None = None
+    first_solution: Callable[[Any], str] | None = None
+
+    @property
+    def signatures(self) -> tuple[frozenset[str], ...]:
+        """The column sets that identify a table of this format: a statement column and the first test column."""
+        return tuple(frozenset({statement, self.test_columns[0]}) for statement in self.statement_columns)
+
 
 SOLUTION_CLASS = "Solution"  # LeetCode-style problems put the function in `class Solution`
 MAX_DECOMPRESSED_BYTES = 1 << 30  # a zlib bomb in a private-test blob stops here, not when memory runs out
@@ -104,6 +121,22 @@ def plain(value: Any) -> Any:
     if hasattr(value, "tolist"):  # numpy arrays and scalars
         return plain(value.tolist())
     return value
+
+
+def string_list(value: Any) -> list[str] | None:
+    """A list of strings from a list, an array (Parquet) or its JSON / Python literal text (CSV); None if not one."""
+    if isinstance(value, str):
+        for parse in (json.loads, ast.literal_eval):
+            try:
+                value = parse(value)
+                break
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                continue
+        else:
+            return None
+    if isinstance(value, str) or not hasattr(value, "__iter__"):
+        return None
+    return [str(v) for v in value]
 
 
 def json_text(value: Any) -> Any:

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from grpo_pipeline.rewards.code_formats.cases import (
-    FORMAT_COLUMNS,
     MAX_DECOMPRESSED_BYTES,
     SOLUTION_CLASS,
     CallCase,
+    CodeFormat,
     ParsedTests,
     StdioCase,
     TestFormatError,
@@ -26,6 +26,8 @@ from grpo_pipeline.rewards.code_formats.cases import (
     is_missing,
     plain,
 )
+
+TEST_COLUMNS = ("public_test_cases", "private_test_cases")
 
 
 class _StringOnlyUnpickler(pickle.Unpickler):
@@ -102,7 +104,7 @@ def parse_livecodebench(row: Mapping[str, Any]) -> ParsedTests:
     """LiveCodeBench `public_test_cases` + `private_test_cases` (+ `metadata` for functional tests)."""
     labelled = [
         (column, case)
-        for column in FORMAT_COLUMNS["livecodebench"]
+        for column in TEST_COLUMNS
         if not is_missing(row.get(column))
         for case in _lcb_cases(row[column], column)
     ]
@@ -117,7 +119,7 @@ def parse_livecodebench(row: Mapping[str, Any]) -> ParsedTests:
             StdioCase(as_text(c["input"], col, "an input"), as_text(c["output"], col, "an output"))
             for col, c in labelled
         )
-        return ParsedTests(style="stdio", cases=stdio, source="livecodebench")
+        return ParsedTests(style="stdio", cases=stdio)
     calls = tuple(
         CallCase(
             # one JSON value per input line (grade_call_based); a trailing newline adds no argument
@@ -129,6 +131,14 @@ def parse_livecodebench(row: Mapping[str, Any]) -> ParsedTests:
         )
         for col, c in labelled
     )
-    return ParsedTests(
-        style="call", cases=calls, entry=_lcb_func_name(row), source="livecodebench", class_name=SOLUTION_CLASS
-    )
+    return ParsedTests(style="call", cases=calls, entry=_lcb_func_name(row), class_name=SOLUTION_CLASS)
+
+
+LIVECODEBENCH = CodeFormat(
+    name="livecodebench",
+    test_columns=TEST_COLUMNS,
+    parse=parse_livecodebench,
+    stdout_rule="livecodebench",
+    statement_columns=("question_content",),
+    id_column="question_id",  # no reference solution is published
+)

@@ -6,7 +6,6 @@ import ast
 import contextlib
 import json
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from grpo_pipeline.rewards.code_formats.apps import io_dict_tests
@@ -14,6 +13,7 @@ from grpo_pipeline.rewards.code_formats.cases import (
     PYTHON_LANGUAGES,
     SOLUTION_CLASS,
     CallCase,
+    CodeFormat,
     ParsedTests,
     StdioCase,
     TestFormatError,
@@ -22,6 +22,8 @@ from grpo_pipeline.rewards.code_formats.cases import (
     as_text,
     decoded,
 )
+
+COLUMN = "verification_info"
 
 
 def _literal(value: Any, column: str, what: str) -> Any:
@@ -50,25 +52,20 @@ def _function_call_tests(cases: list[dict[str, Any]], column: str) -> ParsedTest
                 expected = json.loads(expected)
         calls.append(CallCase(tuple(as_sequence(args, column, f"test_cases[{n}].input (the arguments)")), expected))
     return ParsedTests(
-        style="call",
-        cases=tuple(calls),
-        entry=next(iter(names)),
-        source="open-r1",
-        class_name=SOLUTION_CLASS,
-        unwrap_single=True,
+        style="call", cases=tuple(calls), entry=next(iter(names)), class_name=SOLUTION_CLASS, unwrap_single=True
     )
 
 
 def parse_open_r1(row: Mapping[str, Any]) -> ParsedTests:
     """open-r1 `verification_info`; a language other than Python raises, naming it."""
-    column = "verification_info"
+    column = COLUMN
     info = as_mapping(decoded(row[column], column), column, "the value")
     language = info.get("language", "python")
     if str(language).lower() not in PYTHON_LANGUAGES:
         raise TestFormatError(f"column {column!r}: language {language!r} is not supported; only Python programs run")
     tests = decoded(info.get("test_cases"), column)
     if isinstance(tests, dict):  # APPS-style {"inputs", "outputs"} (PrimeIntellect's RL sets), fn_name beside it
-        return replace(io_dict_tests(tests, column, info.get("fn_name")), source="open-r1")
+        return io_dict_tests(tests, column, info.get("fn_name"))
     cases = [as_mapping(c, column, f"test_cases[{n}]") for n, c in enumerate(as_sequence(tests, column, "test_cases"))]
     kinds = {str(case.get("type", "stdin_stdout")) for case in cases}
     if kinds == {"function_call"}:
@@ -82,4 +79,15 @@ def parse_open_r1(row: Mapping[str, Any]) -> ParsedTests:
         StdioCase(as_text(c.get("input"), column, f"test_cases[{n}].input"), as_text(c.get("output"), column, "output"))
         for n, c in enumerate(cases)
     )
-    return ParsedTests(style="stdio", cases=stdio, source="open-r1")
+    return ParsedTests(style="stdio", cases=stdio)
+
+
+OPEN_R1 = CodeFormat(
+    name="open-r1",
+    test_columns=(COLUMN,),
+    parse=parse_open_r1,
+    stdout_rule="open-r1",
+    statement_columns=("problem_statement", "problem", "prompt"),
+    id_column="problem_id",
+    solutions_column="gold_standard_solution",  # one program, as text
+)

@@ -15,16 +15,13 @@ stdout and call-based code formats below (rewards/code_formats/ parses them), st
   - `mbpp`: `text` + `test_list` (+ `test_setup_code`, `code`, `task_id`) (Austin et al. 2021, "Program Synthesis
     with Large Language Models"); the prompt is the paper's zero-shot form, the task then its tests. The sanitized
     split's `prompt` + `test_imports` columns are read too.
-  - `apps`: `question` + `input_output` (+ `problem_id`, `solutions`, `starter_code`) (Hendrycks et al. 2021,
-    "Measuring Coding Challenge Competence With APPS"; TACO, Li et al. 2023, has the same columns).
-  - `codecontests`: `description` + `public_tests` (+ `private_tests`, `generated_tests`, `name`, `solutions`) (Li et
-    al. 2022, "Competition-Level Code Generation with AlphaCode"); the answer is the first Python 3 solution.
-  - `livecodebench`: `question_content` + `public_test_cases` (+ `private_test_cases`, `metadata`, `question_id`,
-    `starter_code`) (Jain et al. 2024, "LiveCodeBench"); no reference solution is published, so the answer is "".
-  - `open-r1`: `problem_statement` (or `problem` / `prompt`) + `verification_info` (+ `problem_id`,
-    `gold_standard_solution`) (huggingface.co/datasets/open-r1/verifiable-coding-problems-python).
-    For these four the prompt is the statement, the starter code when there is one, and how the solution is run
-    (after LiveCodeBench's prompt, `lcb_runner/prompts/code_generation.py`); every row's tests are parsed at load.
+  - `apps` (APPS / TACO), `codecontests`, `livecodebench`, `open-r1`: the stdin/stdout and call-based code formats,
+    each declared once as a `CodeFormat` in rewards/code_formats/ (which cites each dataset): the columns of its
+    statement, id, reference solution (the first of APPS's `solutions`, the first Python 3 one of CodeContests',
+    open-r1's `gold_standard_solution`; LiveCodeBench publishes none, so the answer is "") and tests. One mapper,
+    `map_code_io`, reads them all: the prompt is the statement, the starter code when there is one, and how the
+    solution is run (after LiveCodeBench's prompt, `lcb_runner/prompts/code_generation.py`); every row's tests are
+    parsed at load.
   - `columns`: already `prompt` + `answer`; passed through with every other column.
 
 Nothing is dropped: a row that cannot be mapped stops the load with a `DataError` naming the source, the rows and the
@@ -33,25 +30,21 @@ fix, because a benchmark scored on a silently shrunken set is not that benchmark
 
 from __future__ import annotations
 
-import ast
-import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
 from grpo_pipeline.rewards.code_formats import (
-    FORMAT_COLUMNS,
+    EXTRA_TEST_COLUMNS,
+    CodeFormat,
     ParsedTests,
     TestFormatError,
     json_text,
     parse_tests,
-    plain,
+    string_list,
 )
 from grpo_pipeline.rewards.math import extract_gold, last_boxed
 from grpo_pipeline.tasks.sources import DataError
-
-if TYPE_CHECKING:  # the format names; formats.py imports this module's adapters
-    from grpo_pipeline.tasks.scoring.formats import EvalFormat
 
 MAX_ROWS_SHOWN = 5
 
@@ -158,22 +151,6 @@ def map_humaneval(raw: pd.DataFrame, origin: str) -> pd.DataFrame:
     )
 
 
-def _as_list(value: Any) -> list[str] | None:
-    """A list of test strings from a list, an array (Parquet) or its JSON / Python literal (CSV); None if not one."""
-    if isinstance(value, str):
-        for parse in (json.loads, ast.literal_eval):
-            try:
-                value = parse(value)
-                break
-            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-                continue
-        else:
-            return None
-    if isinstance(value, str) or not hasattr(value, "__iter__"):
-        return None
-    return [str(v) for v in value]
-
-
 def mbpp_prompt(text: str, tests: list[str]) -> str:
     """The task, then the tests its code must pass (Austin et al. 2021, sec. 2.1, without the few-shot examples)."""
     return f"{text}\nYour code should pass these tests:\n" + "\n".join(tests) + "\n"
@@ -184,7 +161,7 @@ def _mbpp_setup(raw: pd.DataFrame) -> list[str]:
     if "test_setup_code" in raw.columns:
         return _text_or_empty(raw, "test_setup_code")
     if "test_imports" in raw.columns:
-        return ["\n".join(_as_list(v) or []) for v in raw["test_imports"]]
+        return ["\n".join(string_list(v) or []) for v in raw["test_imports"]]
     return [""] * len(raw)
 
 
@@ -192,7 +169,7 @@ def map_mbpp(raw: pd.DataFrame, origin: str) -> pd.DataFrame:
     """MBPP (Austin et al. 2021): the task text and its asserts -> prompt; asserts, setup and reference code kept."""
     text_column = "text" if "text" in raw.columns else "prompt"
     _require_values(raw, text_column, origin)
-    tests = [_as_list(v) for v in raw["test_list"]]
+    tests = [string_list(v) for v in raw["test_list"]]
     bad = [i for i, t in enumerate(tests) if not t]
     if bad:
         raise _rows_error(
@@ -226,9 +203,9 @@ def code_io_prompt(statement: str, starter_code: str, tests: ParsedTests) -> str
     )
 
 
-def _parsed_tests(raw: pd.DataFrame, fmt: EvalFormat, origin: str) -> tuple[list[ParsedTests], list[str]]:
-    """Every row's tests, parsed from `fmt`'s own columns; a DataError names the rows without usable tests."""
-    columns = [c for c in (*FORMAT_COLUMNS[fmt], "metadata") if c in raw.columns]
+def _parsed_tests(raw: pd.DataFrame, code: CodeFormat, origin: str) -> tuple[list[ParsedTests], list[str]]:
+    """Every row's tests, parsed from `code`'s own columns; a DataError names the rows without usable tests."""
+    columns = [c for c in (*code.test_columns, *EXTRA_TEST_COLUMNS) if c in raw.columns]
     parsed: list[ParsedTests] = []
     bad: list[int] = []
     first_problem = ""
@@ -239,7 +216,7 @@ def _parsed_tests(raw: pd.DataFrame, fmt: EvalFormat, origin: str) -> tuple[list
             tests, first_problem = None, first_problem or str(e)
         if tests is None:
             bad.append(i)
-            first_problem = first_problem or f"no value in {list(FORMAT_COLUMNS[fmt])}"
+            first_problem = first_problem or f"no value in {list(code.test_columns)}"
             continue
         parsed.append(tests)
     if bad:
@@ -252,66 +229,28 @@ def _parsed_tests(raw: pd.DataFrame, fmt: EvalFormat, origin: str) -> tuple[list
     return parsed, columns
 
 
-def _map_code_io(
-    raw: pd.DataFrame, fmt: EvalFormat, origin: str, statement: str, ids: list[str], answers: list[str]
-) -> pd.DataFrame:
-    """The eval columns for a stdin/stdout or call-based code format, with its test columns kept as JSON text."""
+def _reference_solutions(raw: pd.DataFrame, code: CodeFormat) -> list[str]:
+    """Each row's published reference solution (`code.solutions_column`), or "" where there is none."""
+    column = code.solutions_column
+    if column is None or column not in raw.columns:
+        return [""] * len(raw)
+    if code.first_solution is None:  # the column holds one program, as text
+        return _text_or_empty(raw, column)
+    return [code.first_solution(v) for v in raw[column]]
+
+
+def map_code_io(code: CodeFormat, raw: pd.DataFrame, origin: str) -> pd.DataFrame:
+    """A stdin/stdout or call-based code format (`code`, rewards/code_formats/): its statement (+ `starter_code`) ->
+    prompt, its id column -> id, its reference solution -> answer, its test columns kept as JSON text."""
+    statement = next(c for c in code.statement_columns if c in raw.columns)
     _require_values(raw, statement, origin)
-    parsed, test_columns = _parsed_tests(raw, fmt, origin)
+    parsed, test_columns = _parsed_tests(raw, code, origin)
     starters = _text_or_empty(raw, "starter_code")
     prompts = [
         code_io_prompt(str(s), starter, tests)
         for s, starter, tests in zip(raw[statement], starters, parsed, strict=True)
     ]
-    out = pd.DataFrame({"id": ids, "prompt": prompts, "answer": answers})
+    out = pd.DataFrame({"id": _ids(raw, code.id_column), "prompt": prompts, "answer": _reference_solutions(raw, code)})
     for column in test_columns:
         out[column] = [json_text(v) for v in raw[column]]
     return out
-
-
-def _first_apps_solution(value: Any) -> str:
-    """The first of APPS's `solutions` (a JSON list of programs), or ""."""
-    solutions = _as_list(value) if not _is_missing(value) else None
-    return solutions[0] if solutions else ""
-
-
-def _first_python3_solution(value: Any) -> str:
-    """The first Python 3 program of CodeContests' `solutions` ({language: [...], solution: [...]}; 3 is PYTHON3 in
-    the dataset's Language enum), or ""."""
-    if _is_missing(value):
-        return ""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            return ""
-    value = plain(value)
-    if not isinstance(value, dict):
-        return ""
-    pairs = zip(value.get("language") or [], value.get("solution") or [], strict=False)
-    return next((str(code) for language, code in pairs if language == 3), "")
-
-
-def map_apps(raw: pd.DataFrame, origin: str) -> pd.DataFrame:
-    """APPS / TACO: `question` (+ `starter_code`) -> prompt, the first of `solutions` -> answer, `input_output` kept."""
-    answers = [_first_apps_solution(v) for v in raw["solutions"]] if "solutions" in raw.columns else [""] * len(raw)
-    return _map_code_io(raw, "apps", origin, "question", _ids(raw, "problem_id"), answers)
-
-
-def map_codecontests(raw: pd.DataFrame, origin: str) -> pd.DataFrame:
-    """CodeContests: `description` -> prompt, `name` -> id, the first Python 3 solution -> answer, tests kept."""
-    solutions = raw["solutions"] if "solutions" in raw.columns else [None] * len(raw)
-    answers = [_first_python3_solution(v) for v in solutions]
-    return _map_code_io(raw, "codecontests", origin, "description", _ids(raw, "name"), answers)
-
-
-def map_livecodebench(raw: pd.DataFrame, origin: str) -> pd.DataFrame:
-    """LiveCodeBench: `question_content` (+ `starter_code`) -> prompt, `question_id` -> id, tests and metadata kept."""
-    return _map_code_io(raw, "livecodebench", origin, "question_content", _ids(raw, "question_id"), [""] * len(raw))
-
-
-def map_open_r1(raw: pd.DataFrame, origin: str) -> pd.DataFrame:
-    """open-r1: the problem statement -> prompt, `gold_standard_solution` -> answer, `verification_info` kept."""
-    statement = next(c for c in ("problem_statement", "problem", "prompt") if c in raw.columns)
-    answers = _text_or_empty(raw, "gold_standard_solution")
-    return _map_code_io(raw, "open-r1", origin, statement, _ids(raw, "problem_id"), answers)
