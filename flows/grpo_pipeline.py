@@ -278,9 +278,19 @@ def prepare_inputs(run: Stages, cfg: PipelineConfig) -> tuple[DatasetRefs, dict[
     clean = run(
         "decontaminate", decontaminate,
         train=data.train, suites=suites, mode=cfg.data.decontaminate, ngram=cfg.data.decontaminate_ngram,
-        run_dir=cfg.run_dir,
+        run_dir=cfg.run_dir, templates=prompt_templates(cfg),
     )  # fmt: skip
     return data.model_copy(update={"train": clean.train}), suites, clean
+
+
+def prompt_templates(cfg: PipelineConfig) -> dict[str, str]:
+    """Each side's prompt_template (training's, and every suite's by name; the held-out split has training's), whose
+    own text decontamination takes off the prompts before comparing what they ask."""
+    suites = {name: cfg.eval.suite(name) for name in cfg.eval.suite_names()}
+    return {
+        "train": cfg.data.prompt_template,
+        **{n: cfg.data.prompt_template if s.source == HELDOUT else s.prompt_template for n, s in suites.items()},
+    }
 
 
 def sft_bar(cfg: PipelineConfig, data: DatasetRefs) -> dict[str, Any]:

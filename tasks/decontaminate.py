@@ -25,12 +25,18 @@ the two share a run of n consecutive words, n = `data.decontaminate_ngram` (13 b
   by what they ask: the content of their non-system messages, never the JSON around it. A system prompt is left
   out because it is the same on every row: shared by both sides, 13 words of it would make every row overlap.
 
+- What a prompt asks is compared, not what the recipe wraps around it: the literal text of each side's
+  `prompt_template` (`Solve step by step: {prompt}`) is taken off its prompts first. An instruction of 13 words or
+  more in a template would otherwise make every training row overlap every suite that uses it (the held-out split
+  always does).
+
 A row that overlaps two suites counts for both; it is dropped once.
 """
 
 from __future__ import annotations
 
 import re
+import string
 import unicodedata
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -65,6 +71,20 @@ def visible_text(prompt: str) -> str:
     if messages is None:
         return prompt
     return "\n".join(m["content"] for m in messages if m["role"] != "system")
+
+
+def question(prompt: str, template: str = "{prompt}") -> str:
+    """What a prompt asks without its template's own text: `visible_text`, less the literal text before and after
+    `{prompt}` in `template` where the prompt carries it."""
+    text = visible_text(prompt)
+    parts = [literal for literal, field, _, _ in string.Formatter().parse(template)]
+    fields = [field for _, field, _, _ in string.Formatter().parse(template) if field is not None]
+    if fields != ["prompt"]:  # a template of another shape: compared as it is
+        return text
+    before, after = parts[0], "".join(parts[1:])
+    if text.startswith(before) and text.endswith(after) and len(text) >= len(before) + len(after):
+        return text[len(before) : len(text) - len(after)]
+    return text
 
 
 def _normal(text: str) -> str:
@@ -227,11 +247,19 @@ def _offenders(prompts: Sequence[str], hits: Mapping[str, list[int]], rows: Sequ
 
 @stage("decontam")
 def decontaminate(
-    train: Ref, suites: dict[str, Ref], mode: str, ngram: int, run_dir: str, *, out: Path
+    train: Ref,
+    suites: dict[str, Ref],
+    mode: str,
+    ngram: int,
+    run_dir: str,
+    templates: dict[str, str] | None = None,
+    *,
+    out: Path,
 ) -> Decontamination:
     """Compare the training split's prompts with every suite's and, by `mode` (data.decontaminate), drop the rows
     that overlap ('drop': the kept rows written to `out/train.parquet`), stop the run ('error'), or compare
-    nothing ('off')."""
+    nothing ('off'). `templates` gives each side's prompt_template (`train` and the suites by name), whose own
+    text is taken off its prompts before they are compared."""
     if mode not in MODES:
         raise ValueError(f"data.decontaminate is {mode!r}; use one of {', '.join(MODES)}")
     if mode == "off":
@@ -239,10 +267,13 @@ def decontaminate(
         return Decontamination(train=train, dropped={}, num_rows=num_rows, ngram=ngram, mode=mode)
     df = pd.read_parquet(train.require())
     prompts = df["prompt"].tolist()
+    templates = templates or {}
+    asked = [question(p, templates.get("train", "{prompt}")) for p in prompts]
     benchmark = {
-        name: pd.read_parquet(ref.require(), columns=["prompt"])["prompt"].tolist() for name, ref in suites.items()
+        name: [question(p, templates.get(name, "{prompt}")) for p in pd.read_parquet(ref.require())["prompt"]]
+        for name, ref in suites.items()
     }
-    hits = contaminated(prompts, benchmark, ngram)
+    hits = contaminated(asked, benchmark, ngram)
     rows = tuple(sorted({row for found in hits.values() for row in found}))
     result = Decontamination(
         train=train,

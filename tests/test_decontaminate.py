@@ -260,3 +260,24 @@ def test_a_result_round_trips_as_json():
     )
     assert Decontamination.model_validate_json(result.model_dump_json()) == result
     assert result.total == 1
+
+
+INSTRUCTION = "Read the problem below carefully, think step by step, and put the final answer after four hashes.\n"
+
+
+def test_a_templates_own_words_are_no_overlap(tmp_path):
+    """A 16-word instruction in the prompt template wraps every training row and every held-out row: compared as
+    they are, all would overlap; what they ask (the template's text taken off) does not, and a real copy still does."""
+    template = INSTRUCTION + "{prompt}"
+    asked = [f"Tom has {i} apples and buys {i + 3} more; how many now?" for i in range(6)]
+    rows = [template.format(prompt=q) for q in [*asked[:4], BENCH]]
+    train = write(tmp_path / "train.parquet", rows)
+    suites = {
+        "heldout": write(tmp_path / "h.parquet", [template.format(prompt=q) for q in asked[4:]]),
+        "gsm8k_test": write(tmp_path / "g.parquet", [f"Question: {BENCH}"]),
+    }
+    templates = {"train": template, "heldout": template, "gsm8k_test": "Question: {prompt}"}
+    result = decontaminate(train, suites, "drop", 13, str(tmp_path / "runs"), templates)
+    assert result.dropped == {"heldout": 0, "gsm8k_test": 1} and result.rows == (4,)
+    with pytest.raises(DataError, match="every one of the 5 training rows"):
+        decontaminate(train, suites, "drop", 13, str(tmp_path / "runs3"))  # the template's 16 words, everywhere

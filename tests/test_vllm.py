@@ -150,11 +150,13 @@ def test_the_gsm8k_recipe_rehearses_with_vllm_rollouts_and_evaluation(shared_dat
     import mlflow
 
     from tests.helpers import ROOT, cli_env, run_cli
+    from tests.test_rehearse import local_data
 
     recipe = ROOT / "configs" / "qwen2.5-0.5b-gsm8k.yaml"
     runs, summary_path = tmp_path / "runs", tmp_path / "summary.json"
-    args = ["rehearse", "--config", str(recipe), f"run_dir={runs}", "data.source=file",
-            f"data.path={shared_data / 'gsm8k_test.jsonl'}", "--summary-json", str(summary_path)]  # fmt: skip
+    # training rows of GSM8K's columns, and the gsm8k_test suite from the shared test split
+    args = ["rehearse", "--config", str(recipe), *local_data(recipe, shared_data, tmp_path, runs),
+            "--summary-json", str(summary_path)]  # fmt: skip
     result = run_cli(args, cli_env(tmp_path, PREFECT_API_URL=prefect_api), timeout=900)
     assert result.returncode == 0, (result.stdout + result.stderr)[-6000:]
     summary = json.loads(summary_path.read_text())
