@@ -20,6 +20,7 @@ The data contract itself (columns, blanks, duplicates, train/eval overlap) is ta
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -85,7 +86,23 @@ def check_config(cfg: PipelineConfig) -> None:
     from grpo_pipeline.tasks.core.hub import dataset_problem, model_problem
 
     problems += [p for p in (model_problem(cfg.model.base), None if data_problems else dataset_problem(cfg.data)) if p]
+    problems += suite_problems(cfg)
     _raise("the config cannot run here", problems)
+
+
+def suite_problems(cfg: PipelineConfig) -> list[str]:
+    """Why an eval suite's file, local dataset or hub dataset cannot be read here, each named by its suite, as the
+    training data's are: said before anything trains, not when the suite is prepared after training data."""
+    from grpo_pipeline.tasks.core.hub import dataset_problem
+
+    problems = []
+    for suite in cfg.eval.suites:
+        if suite.source in ("heldout", "synthetic"):
+            continue
+        data = suite.data_config()
+        found = data_path_problems(data) or [p for p in (dataset_problem(data),) if p]
+        problems += [re.sub(r"\bdata\.(?=path|hf_)", f"eval.suites[{suite.name}].", p) for p in found]
+    return problems
 
 
 def run_dir_problem(run_dir: str) -> str | None:

@@ -21,6 +21,7 @@ from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, EvalResult, summa
 from grpo_pipeline.tasks.scoring.items import item_id
 from grpo_pipeline.tasks.suites import prepare_suite, suite_sources
 from grpo_pipeline.tasks.validate import DataValidationError
+from tests.helpers import finished, run_pipeline
 from tests.test_register import EVAL, policy
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -110,7 +111,9 @@ def test_a_suite_with_bad_rows_names_them(tmp_path):
     bad.write_text("".join(json.dumps(r) + "\n" for r in [{"q": "1+1=", "a": "2"}, {"q": " ", "a": "3"}]))
     cfg = load_config(None, [f"eval.suites=[{{name: bench, source: file, path: {bad}, prompt_column: q, "
                              f"answer_column: a}}]", f"run_dir={tmp_path}"])  # fmt: skip
-    with pytest.raises(DataValidationError, match=r"(?s)eval suite 'bench'.*row 1: column 'prompt' failed 'prompt_not_blank'"):
+    with pytest.raises(
+        DataValidationError, match=r"(?s)eval suite 'bench'.*row 1: column 'prompt' failed 'prompt_not_blank'"
+    ):
         prepare_suite(cfg.eval.suite("bench"), cfg.run_dir)
     assert not (tmp_path / "suite-bench").exists() or not any((tmp_path / "suite-bench").rglob("*.parquet"))
 
@@ -200,3 +203,66 @@ def test_without_guards_the_other_suites_do_not_gate(store):
     register(store, "v1", [1] * 20 + [0] * 40, [1] * 50 + [0] * 10)
     second = register(store, "v2", [1] * 50 + [0] * 10, [1] * 20 + [0] * 40)
     assert second.alias == "champion" and second.gate.decision == "promoted" and not second.gate.guards
+
+
+# ----------------------------------------------------------------------------- the whole flow
+
+
+@pytest.mark.integration
+def test_a_run_with_two_suites_scores_logs_and_guards_both(tmp_path, prefect_api):
+    """The micro pipeline on training rows from a file, with a benchmark file as a second suite: a training row
+    planted from the benchmark is dropped and said so; both suites are scored for SFT and each round, printed as a
+    table each, logged under their names, and the registration carries the guard's figures."""
+    bench = [{"question": f"what is {i} plus {i} when counted twice over in a long and careful way?", "a": str(2 * i)}
+             for i in range(12)]  # fmt: skip
+    train = [{"prompt": f"{i}+{j}=", "answer": str(i + j)} for i in range(10, 40) for j in range(10, 20)]
+    train.append({"prompt": bench[3]["question"].upper(), "answer": "6"})  # the benchmark's question, shouted
+    (tmp_path / "bench.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bench))
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train))
+    extra = [
+        "data.source=file", f"data.path={tmp_path / 'train.jsonl'}", "data.num_train=240", "data.num_eval=24",
+        f"eval.suites=[{{name: heldout}}, {{name: bench, source: file, path: {tmp_path / 'bench.jsonl'}, "
+        "prompt_column: question, answer_column: a, n_samples: 2, k: [1, 2]}]",
+        "registry.guard=[bench/accuracy]", "grpo.rounds=2",
+    ]  # fmt: skip
+    proc, summary_path = run_pipeline(tmp_path, "two-suites", *extra, api=prefect_api)
+    summary = finished(proc, summary_path)
+    out = proc.stdout
+    assert "dropped 1 of" in summary["decontamination"] and "bench" in summary["decontamination"]
+    assert [t["name"] for t in summary["suites"]] == [HELDOUT, "bench"]
+    bench_table = summary["suites"][1]
+    assert [r["model"] for r in bench_table["scores"]] == ["sft", "grpo round 1", "grpo round 2"]
+    assert bench_table["eval_settings"]["problems"] == 12 and bench_table["eval_settings"]["n"] == 2
+    assert "Suite heldout" in out and "Suite bench" in out and "Decontamination: dropped 1 of" in out
+    stages = [s["stage"] for s in summary["stages"]]
+    assert {"prepare_suite-bench", "evaluate-sft-bench", "evaluate-r1-bench", "evaluate-r2-bench"} <= set(stages)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    second = summary["registrations"][1]
+    version = client.get_model_version(second["model_name"], second["version"])
+    assert version.tags["decontam.bench"] == "1"
+    guards = GateDecision.from_tags(version.tags).guards
+    assert [g.metric for g in guards] == ["bench/accuracy"] and guards[0].n == 12
+    metrics = client.get_run(version.run_id).data.metrics
+    assert {"heldout/accuracy", "bench/accuracy", "bench/pass_at_2", "sft/bench/accuracy"} <= set(metrics)
+    # adding nothing: a rerun scores nothing again; the suite's evaluations are cached like the held-out ones
+    again, again_path = run_pipeline(
+        tmp_path, "again", *proc.args[proc.args.index("data.source=file") :], api=prefect_api
+    )
+    cached = {s["stage"]: s["cached"] for s in finished(again, again_path)["stages"]}
+    assert cached["evaluate-r2-bench"] and cached["prepare_suite-bench"], cached
+
+
+def test_a_suite_that_cannot_be_read_here_stops_the_run_before_anything_runs(tmp_path):
+    from grpo_pipeline.tasks.preflight import PreflightError, check_config
+
+    missing = tmp_path / "nowhere" / "bench.jsonl"
+    suites = (
+        f"eval.suites=[{{name: heldout}}, {{name: bench, source: file, path: {missing}}}, "
+        "{name: local, source: hf, hf_name: ./no-such-dir}]"
+    )
+    cfg = load_config(None, [f"run_dir={tmp_path / 'runs'}", suites])
+    with pytest.raises(PreflightError) as e:
+        check_config(cfg)
+    message = str(e.value)
+    assert f"eval.suites[bench].path {str(missing)!r}" in message or "eval.suites[bench].path" in message
+    assert "eval.suites[local].hf_name './no-such-dir'" in message and "data.path" not in message
