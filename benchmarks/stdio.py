@@ -14,14 +14,17 @@ the CPU ratio much less.
 
 Run: `python benchmarks/stdio.py [--programs N] [--cases K]` from the repository root.
 
-Before/after in one run: `--before OLD_HARNESS.py` (e.g. `git show <rev>:rewards/_harness.py > /tmp/old.py`) times
-the sandbox with that harness too, in alternating rounds with the current one (`--rounds`, median of each), so both
-see the same load; a line `before: ...` with the same fields then precedes the last line.
+Before/after in one run: `--before OLD` times the sandbox with another harness too, in alternating rounds with the
+current one (`--rounds`, median of each), so both see the same load; a line `before: ...` with the same fields then
+precedes the last line. OLD is a harness package folder, joined as the sandbox joins rewards/harness/ (e.g.
+`mkdir /tmp/old && git archive <rev> rewards/harness | tar -x -C /tmp/old`, then `--before /tmp/old/rewards/harness`),
+or one source file: the harness before it was split into modules (`git show <rev>:rewards/_harness.py > /tmp/old.py`).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import logging
 import os
 import random
@@ -35,9 +38,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from grpo_pipeline.rewards._harness import outputs_match
 from grpo_pipeline.rewards.code import IoLimits, stdio_job
 from grpo_pipeline.rewards.code_formats import StdioCase
+from grpo_pipeline.rewards.harness import program_source
+from grpo_pipeline.rewards.harness.compare import outputs_match
 from grpo_pipeline.rewards.sandbox import Sandbox, SandboxConfig
 from grpo_pipeline.rewards.sandbox import config as sandbox_config
 
@@ -191,6 +195,16 @@ def time_sandbox(jobs: list, timeout_s: float, harness: str | None = None) -> tu
     return seconds, cpu, results, sandbox
 
 
+def harness_at(folder: Path) -> str:
+    """The program of the harness package in `folder` (another revision's), its modules joined in the order its own
+    `__init__.py` names (`MODULES`)."""
+    tree = ast.parse((folder / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "MODULES" for t in node.targets):
+            return program_source(folder, ast.literal_eval(node.value))
+    sys.exit(f"{folder}/__init__.py names no MODULES: not a harness package")
+
+
 def timed_rounds(jobs: list, timeout_s: float, before: str | None, rounds: int) -> tuple[dict, list, Sandbox]:
     """{"after": [(seconds, CPU seconds) per round], "before": [...]}, the current harness's results and its
     sandbox; with a `before` harness, `rounds` alternating rounds of each (both must give the same verdicts)."""
@@ -220,7 +234,7 @@ def main() -> None:
     parser.add_argument("--programs", type=int, default=200)
     parser.add_argument("--cases", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=10.0, help="Per-case timeout (s).")
-    parser.add_argument("--before", type=Path, help="Another harness source, timed in the same run.")
+    parser.add_argument("--before", type=Path, help="Another harness (a package folder or one source file), timed too.")
     parser.add_argument("--rounds", type=int, default=3, help="Alternating rounds with --before.")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -229,7 +243,9 @@ def main() -> None:
     jobs = [stdio_job(program, cases, io) for program, cases in programs]
     n_cases = sum(len(c) for _, c in programs)
 
-    before = args.before.read_text() if args.before else None
+    before = None
+    if args.before:
+        before = harness_at(args.before) if args.before.is_dir() else args.before.read_text()
     times, results, sandbox = timed_rounds(jobs, args.timeout * args.cases, before, args.rounds)
     sandbox_s, sandbox_cpu = (statistics.median(t[i] for t in times["after"]) for i in (0, 1))
     ours = [r.score() == 1.0 for r in results]

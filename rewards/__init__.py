@@ -11,7 +11,7 @@ Rewards are built from config entries `{name, weight, params}`: `name` is a regi
       code.py         code_tests: programs run against their tests in the sandbox
       code_formats/   test cases of public code datasets (APPS/TACO, CodeContests, LiveCodeBench, open-r1)
       sandbox         the bubblewrap sandbox code runs in (host side)
-      _harness.py     the sandbox's fork server and test runner (one source, shipped into the sandbox)
+      harness/        the sandbox's fork server and test runners (standard library only; joined into one source)
 """
 
 # Importing the built-in modules registers their rewards.

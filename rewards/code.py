@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from grpo_pipeline.rewards import _harness
 from grpo_pipeline.rewards.code_asserts import builtins_under_test, mark_under_test
 from grpo_pipeline.rewards.code_formats import (
     TEST_FORMAT_COLUMNS,
@@ -37,6 +36,7 @@ from grpo_pipeline.rewards.code_formats import (
     is_missing,
     parse_tests,
 )
+from grpo_pipeline.rewards.harness import wire
 from grpo_pipeline.rewards.registry import RewardError, RewardFn, completion_text, register
 from grpo_pipeline.rewards.sandbox import (
     CodeJob,
@@ -254,7 +254,7 @@ def job_key(spec: dict[str, Any]) -> object:
     would merge (`(1, 2)` and `[1, 2]`). A spec that cannot be encoded gets a key of its own (its row runs alone,
     and the sandbox reports on that row only)."""
     try:
-        return _harness.encode(spec)
+        return wire.encode(spec)
     except Exception:
         return object()
 

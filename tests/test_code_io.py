@@ -223,7 +223,7 @@ def test_job_keys_tell_apart_what_the_sandbox_tells_apart(monkeypatch: pytest.Mo
     def refuse(value: object) -> str:
         raise TypeError("cannot encode")
 
-    monkeypatch.setattr(code._harness, "encode", refuse)
+    monkeypatch.setattr(code.wire, "encode", refuse)
     assert code.job_key(calls) != code.job_key(calls)  # no key: each row runs on its own
 
 

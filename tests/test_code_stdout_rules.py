@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from grpo_pipeline.rewards._harness import STDOUT_RULES, outputs_match
 from grpo_pipeline.rewards.code_formats import CODE_FORMATS, parse_tests
+from grpo_pipeline.rewards.harness.compare import STDOUT_RULES, outputs_match
 from grpo_pipeline.rewards.registry import build_reward
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from grpo_pipeline.rewards._harness import Opaque, decode, encode
 from grpo_pipeline.rewards.code import humaneval_job
+from grpo_pipeline.rewards.harness.wire import Opaque, decode, encode
 from grpo_pipeline.rewards.sandbox import (
     BASE_UID,
     CodeJob,

@@ -1,7 +1,7 @@
 """Standard-library values on the sandbox's wire: honest programs that return them pass, forged ones still score 0.
 
 The tests' process rebuilds a Counter, deque, Decimal, datetime, namedtuple, enum member, ... from its data alone
-(rewards/_harness.py, `_carry`); a program's own class or subclass stays an opaque value that equals nothing. The
+(rewards/harness/values.py, `carry`); a program's own class or subclass stays an opaque value that equals nothing. The
 unit tests check the wire format in this process; the `integration` tests start real sandboxes (see
 tests/test_sandbox.py for how they pick one, and skip where none can run programs).
 """
@@ -20,14 +20,13 @@ import sys
 import textwrap
 import typing
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from grpo_pipeline.rewards import _harness
-from grpo_pipeline.rewards._harness import DecodeError, Opaque, decode, encode
+from grpo_pipeline.rewards import harness
 from grpo_pipeline.rewards.code import asserts_job, humaneval_job
+from grpo_pipeline.rewards.harness.wire import DecodeError, Opaque, decode, encode
 from grpo_pipeline.rewards.registry import build_reward
 from grpo_pipeline.rewards.sandbox import RunResult, Sandbox
 from tests.test_sandbox import TIMEOUT_S, make_sandbox, require_containment, run_program
@@ -334,7 +333,7 @@ def test_harness_imports_no_library_module_until_it_decodes_one() -> None:
         f"""
         import sys
         harness = {{"__name__": "harness"}}
-        exec(compile(open({str(Path(_harness.__file__))!r}).read(), "harness", "exec"), harness)
+        exec(compile({harness.source()!r}, "harness", "exec"), harness)
         value = [1, 2.5, "s", (None, True), {{3: {{4}}}}, frozenset(), b"x", 1j, range(3), iter([1])]
         harness["decode"](harness["encode"](value))
         lazy = ("decimal", "fractions", "datetime")

@@ -191,7 +191,7 @@ def test_output_directory_is_named_by_the_key(tmp_path: Path) -> None:
                 "grpo_pipeline.tasks.training.trainer",
                 "grpo_pipeline.rewards.format",
                 "grpo_pipeline.rewards.sandbox",
-                "grpo_pipeline.rewards._harness",
+                "grpo_pipeline.rewards.harness.server",
             ],
             [],
         ),

@@ -1,7 +1,7 @@
 """A local sandbox for model-written programs, used by the code reward and by code evaluation.
 
 Each worker slot keeps one long-lived sandbox: bubblewrap (`bwrap`, Debian package `bubblewrap`) running the
-harness (rewards/_harness.py) as a fork server, Python already started and its modules loaded. Per program the
+harness (rewards/harness/) as a fork server, Python already started and its modules loaded. Per program the
 server forks a fresh child, which applies the limits and runs the program and its tests. Isolation:
   - namespaces: no network, its own pid/ipc/uts namespaces, a read-only view of `/usr` and the Python installation
     only, tmpfs working directory and /tmp, an empty environment, `--die-with-parent`; the server is the pid
@@ -36,12 +36,12 @@ reward stays usable from any thread (e.g. TRL's training loop or a Prefect task)
 
 The package: `config` (SandboxConfig, CodeJob, RunResult, the isolation Mode), `host` (host checks and the isolation
 policy), `command` (the bubblewrap command line and the rlimits), `supervise` (one worker's sandbox and one program
-on it), `pool` (Sandbox, the worker slots). The harness (rewards/_harness.py) ships into the sandbox as one source.
+on it), `pool` (Sandbox, the worker slots). The harness (rewards/harness/: the trusted code inside the sandbox,
+standard library only) ships into the sandbox as one source, its modules joined; its package docstring says why.
 """
 
 from grpo_pipeline.rewards.sandbox.config import (
     BASE_UID,
-    HARNESS_SOURCE,
     CodeJob,
     Isolation,
     Mode,
@@ -54,7 +54,6 @@ from grpo_pipeline.rewards.sandbox.pool import Sandbox, default_sandbox
 
 __all__ = [
     "BASE_UID",
-    "HARNESS_SOURCE",
     "CodeJob",
     "Isolation",
     "Mode",

@@ -7,6 +7,7 @@ import math
 import os
 from pathlib import Path
 
+from grpo_pipeline.rewards import harness
 from grpo_pipeline.rewards.sandbox import config as config_module
 from grpo_pipeline.rewards.sandbox.config import SANDBOX_UID, Mode, SandboxConfig
 
@@ -27,13 +28,14 @@ def limits(c: SandboxConfig) -> dict[str, int]:
 def command_line(c: SandboxConfig, mode: Mode, python: str, prefix: str, config_text: str) -> list[str]:
     """How a worker's sandbox starts: the harness (`python`, from the installation at `prefix`, configured by
     `config_text`), inside bubblewrap where `mode` is isolated."""
-    harness = [python, "-I", "-S", "-c", config_module.HARNESS_SOURCE, config_text]
+    source = config_module.HARNESS_SOURCE or harness.source()
+    program = [python, "-I", "-S", "-c", source, config_text]
     if not mode.isolated:
-        return harness
+        return program
     # --as-pid-1: the harness's server is the namespace's init, which no process inside can SIGKILL or SIGSTOP,
     # and every process a program leaves behind is re-parented to it (so it can tell when all are gone)
     argv = ["bwrap", "--die-with-parent", "--new-session", "--clearenv", "--as-pid-1"]
-    return [*argv, *namespace_args(mode), *filesystem_args(c, prefix), "--", *harness]
+    return [*argv, *namespace_args(mode), *filesystem_args(c, prefix), "--", *program]
 
 
 def namespace_args(mode: Mode) -> list[str]:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from enum import StrEnum
-from pathlib import Path
 from typing import Any, Literal, get_args
 
-HARNESS_SOURCE = (Path(__file__).parent.parent / "_harness.py").read_text()
+# Another program to start in the harness's place (tests, benchmarks/stdio.py --before); None: the harness itself
+# (rewards/harness/, joined into one source: command.command_line)
+HARNESS_SOURCE: str | None = None
 BASE_UID = 61000  # slot uids are 61000 + slot; no passwd entry is needed
 SANDBOX_UID = 65534  # the uid seen inside a user namespace (non-root hosts)
 GRACE_S = 0.5  # the host kills this long after the harness's own deadline

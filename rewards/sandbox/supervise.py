@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from grpo_pipeline.rewards import _harness
-from grpo_pipeline.rewards._harness import DecodeError
+from grpo_pipeline.rewards.harness import wire
+from grpo_pipeline.rewards.harness.wire import DecodeError
 from grpo_pipeline.rewards.sandbox.command import command_line, limits
 from grpo_pipeline.rewards.sandbox.config import (
     BASE_UID,
@@ -85,7 +85,7 @@ def start_worker(c: SandboxConfig, mode: Mode, python: str, prefix: str, slot: i
     log = tempfile.TemporaryFile(prefix="grpo-sandbox-log-")  # noqa: SIM115 (the worker keeps it; stop closes it)
     try:
         proc = subprocess.Popen(
-            command_line(c, mode, python, prefix, _harness.encode(config)),
+            command_line(c, mode, python, prefix, wire.encode(config)),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -139,7 +139,7 @@ def run_program(c: SandboxConfig, worker: Worker, job: CodeJob, start: float) ->
     # message 1: how the program runs (stdin/stdout cases, or loaded once and called) and the program itself;
     # message 2, read only after the program's process is forked: the tests and the nonce
     how = "stdio" if spec["kind"] == "stdio" else "load"
-    pending = frame(_harness.to_bytes(f"{how}\n{job.program}")) + frame(_harness.to_bytes(_harness.encode(spec)))
+    pending = frame(wire.to_bytes(f"{how}\n{job.program}")) + frame(wire.to_bytes(wire.encode(spec)))
     try:
         got = collect(c, worker, pending, spec_w, verdict_r, out_r, start + c.timeout_s + GRACE_S)
     finally:
@@ -262,9 +262,9 @@ def parse_verdict(data: bytes, nonce: bytes) -> RunResult | None:
         return None
     body, mac = messages[1], messages[2].decode(errors="replace")
     try:
-        if not secrets.compare_digest(_harness.mac(nonce, body), mac):
+        if not secrets.compare_digest(wire.mac(nonce, body), mac):
             raise ValueError("bad MAC")
-        payload = _harness.decode(_harness.from_bytes(body))
+        payload = wire.decode(wire.from_bytes(body))
         if not isinstance(payload, dict):
             raise ValueError("payload is not a mapping")
         if "infra_error" in payload:
