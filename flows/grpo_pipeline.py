@@ -275,12 +275,14 @@ def prepare_inputs(run: Stages, cfg: PipelineConfig) -> tuple[DatasetRefs, dict[
     })  # fmt: skip
     if cfg.data.decontaminate == "off":
         return data, suites, None
-    clean = run(
-        "decontaminate", decontaminate,
-        train=data.train, suites=suites, mode=cfg.data.decontaminate, ngram=cfg.data.decontaminate_ngram,
-        run_dir=cfg.run_dir, templates=prompt_templates(cfg),
-    )  # fmt: skip
-    return data.model_copy(update={"train": clean.train}), suites, clean
+    compare = {"suites": suites, "mode": cfg.data.decontaminate, "ngram": cfg.data.decontaminate_ngram,
+               "run_dir": cfg.run_dir, "templates": prompt_templates(cfg)}  # fmt: skip
+    clean = run("decontaminate", decontaminate, train=data.train, **compare)
+    if data.sft is None:
+        return data.model_copy(update={"train": clean.train}), suites, clean
+    # SFT's own rows (the training split and a drill) are compared too: no stage trains on a suite's prompts
+    sft = run("decontaminate-sft", decontaminate, listed=False, train=data.sft, **compare)
+    return data.model_copy(update={"train": clean.train, "sft": sft.train}), suites, clean
 
 
 def prompt_templates(cfg: PipelineConfig) -> dict[str, str]:

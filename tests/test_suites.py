@@ -24,7 +24,8 @@ from grpo_pipeline.tasks.validate import DataValidationError
 from tests.helpers import finished, run_pipeline
 from tests.test_register import EVAL, policy
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data"
 GSM8K_TEST = SHARED / "gsm8k_test.jsonl"
 GSM8K_SUITE = (
     "eval.suites=[{name: heldout}, {name: gsm8k_test, source: file, path: %s, prompt_column: question, "
@@ -266,3 +267,26 @@ def test_a_suite_that_cannot_be_read_here_stops_the_run_before_anything_runs(tmp
     message = str(e.value)
     assert f"eval.suites[bench].path {str(missing)!r}" in message or "eval.suites[bench].path" in message
     assert "eval.suites[local].hf_name './no-such-dir'" in message and "data.path" not in message
+
+
+def test_no_stage_trains_on_a_suites_prompts(tmp_path):
+    """The default recipe's SFT rows are its training split plus a units drill (`07+08=`): a suite of those drill
+    problems is dropped from SFT's rows, not only from the training split's, and the training split loses nothing."""
+    from grpo_pipeline.flows.grpo_pipeline import prepare_inputs
+
+    def direct(name, stage, /, *, listed=True, **inputs):  # the stages as plain functions, without Prefect
+        return stage.fn(**inputs)
+
+    drill = [f"0{a}+0{b}=" for a in range(10) for b in range(10)][:30]
+    (tmp_path / "drill.jsonl").write_text("".join(json.dumps({"q": p, "a": "0"}) + "\n" for p in drill))
+    cfg = load_config(
+        ROOT / "configs" / "tiny-arith.yaml",
+        [f"run_dir={tmp_path / 'runs'}", "data.num_train=300", "data.num_eval=50", "data.num_probe=10",
+         f"eval.suites=[{{name: heldout}}, {{name: drill, source: file, path: {tmp_path / 'drill.jsonl'}, "
+         "prompt_column: q, answer_column: a}]"],
+    )  # fmt: skip
+    data, suites, clean = prepare_inputs(direct, cfg)
+    assert list(suites) == [HELDOUT, "drill"] and clean is not None and clean.total == 0
+    sft = pd.read_parquet(data.sft.path)["prompt"]
+    assert not set(drill) & set(sft) and len(sft) == 300 + 1000 - 10 * len(drill)  # each drill row is there 10 times
+    assert len(pd.read_parquet(data.train.path)) == 300
