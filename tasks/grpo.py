@@ -109,7 +109,7 @@ def round_callbacks(
     rows = pd.read_parquet(held_out.require()).head(cfg.probe_problems) if held_out is not None else None
     if rows is not None and len(rows) and cfg.probe_problems:
         keep = {"keep_best": cfg.keep == "best_probe", "patience": cfg.probe_patience, "notes": notes,
-                "over_start": cfg.keep_over_start}  # fmt: skip
+                "over_start": cfg.keep_over_start, "rule": cfg.keep_rule, "margin": cfg.keep_margin}  # fmt: skip
         probe = HeldOutAccuracyProbe(
             rows, tokenizer, cfg.probe_every_steps, cfg.max_completion_tokens, correctness_reward, **keep
         )

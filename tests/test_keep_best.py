@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -20,6 +21,9 @@ import torch
 from grpo_pipeline.configs.schema import ConfigError, RewardSpec, load_config
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.core.stage import RunContext
+from grpo_pipeline.tasks.training.keep_rule import halves
+from grpo_pipeline.tasks.training.probe import START_DIR, HeldOutAccuracyProbe
+from tests.decisions import Args, StepModel, fake_probe, probe_callback, run_probe
 
 SHORTER = """
 def shorter(completions, **kwargs):
@@ -147,7 +151,8 @@ def test_patience_ends_the_round_once_the_probe_stops_improving(taught):
 def test_keep_over_start_returns_the_start_when_the_best_step_is_not_clearly_better(taught):
     """At a learning rate too small to change a greedy answer every probe ties with the start, so best_probe keeps
     the last step (ties go to the later one), whose weights have moved; with keep_over_start the round returns its
-    start, the SFT policy's weights exactly, since the last step is not better beyond the noise."""
+    start, the SFT policy's weights exactly, since the last step is not better: on the confirming half of the probe
+    rows (the default rule) it gains nothing, and with keep_rule=ci its CI is not above zero."""
     from safetensors.torch import load_file
 
     def weights(policy: Checkpoint) -> dict[str, torch.Tensor]:
@@ -162,8 +167,110 @@ def test_keep_over_start_returns_the_start_when_the_best_step_is_not_clearly_bet
     )
     kept = train_round(taught, *tiny_steps, "grpo.keep_over_start=true")
     [note] = kept.notes
-    assert note.startswith("kept the start (step 0) of 8 (grpo.keep_over_start): the best step 8's probe gain +0.000")
+    assert note.startswith(
+        "kept the start (step 0) of 8 (grpo.keep_over_start): step 8 was the best on half of the probe rows, but on "
+        "the 4 probe rows that did not choose it, it gained +0.0 points over the start"
+    )
     assert all(torch.equal(start[k], v) for k, v in weights(kept).items())  # the start, unchanged
+    by_ci = train_round(taught, *tiny_steps, "grpo.keep_over_start=true", "grpo.keep_rule=ci")
+    [note] = by_ci.notes
+    assert note.startswith("kept the start (step 0) of 8 (grpo.keep_over_start): the best step 8's probe gain +0.000")
+    assert all(torch.equal(start[k], v) for k, v in weights(by_ci).items())
+
+
+# ----------------------------------------------------------------------------- the keep rule, on chosen figures
+
+ROWS = 128
+CHOOSE, CONFIRM = halves(ROWS)
+
+
+def results(choose: int | list[int], confirm: int | list[int]) -> list[float]:
+    """Probe results with these rows right (positions in the choosing and the confirming half; a number n: the
+    first n), every other row wrong."""
+    items = np.zeros(ROWS)
+    for half, right in ((CHOOSE, choose), (CONFIRM, confirm)):
+        items[half[list(range(right)) if isinstance(right, int) else right]] = 1.0
+    return [float(v) for v in items]
+
+
+def kept_by(monkeypatch, by_step: dict[int, list[float]], steps: int = 5, **keep) -> tuple[int, str]:
+    """(the kept step, as the restored weights say, and the note) of a round whose probe reads `by_step`."""
+    fake_probe(monkeypatch, lambda step: by_step[step])
+    probe = probe_callback(ROWS, keep_best=True, over_start=True, **keep)
+    model = StepModel()
+    run_probe(probe, model, steps)
+    assert int(model.step.item()) == probe.kept_step
+    return probe.kept_step, probe.notes[-1]
+
+
+def test_confirm_keeps_a_gain_that_is_too_small_for_the_ci(monkeypatch):
+    """+3.1 points on 128 rows (net +2 rows on each half, 10 rows changed): the confirming half sees it (4 wins, 2
+    losses); the bootstrap CI on all 128 rows reaches below zero, so keep_rule=ci returns the start."""
+    start = results(40, 40)
+    step = results([*range(1, 40), 40, 41, 42], [*range(2, 40), 40, 41, 42, 43])
+    by_step = {0: start, **{s: step for s in range(1, 6)}}
+    kept, note = kept_by(monkeypatch, by_step)
+    assert kept == 5  # ties on the choosing half go to the later step
+    assert "it gained +3.1 points over the start (4 right where the start was wrong, 2 the reverse" in note
+    kept, note = kept_by(monkeypatch, by_step, rule="ci")
+    assert kept == 0 and "probe gain +0.031" in note and "is not above zero" in note
+
+
+def test_confirm_judges_the_chosen_step_on_rows_that_did_not_choose_it(monkeypatch):
+    """The winner's curse: step 2 is the best on the choosing half by luck and no better than the start elsewhere;
+    on the confirming half it loses a row, so the start stays."""
+    start = results(30, 31)
+    by_step = {0: start, 1: results(31, 31), 2: results(36, 30), 3: results(32, 31)}
+    kept, note = kept_by(monkeypatch, by_step, steps=3)
+    assert kept == 0 and note.startswith("kept the start (step 0) of 3 (grpo.keep_over_start): step 2 was the best")
+    assert "it gained -1.6 points over the start (0 right where the start was wrong, 1 the reverse" in note
+
+
+def test_a_negative_margin_keeps_a_step_that_is_not_worse_beyond_it(monkeypatch):
+    by_step = {0: results(30, 31), 1: results(36, 30)}  # one confirming row worse: -1.6 points
+    assert kept_by(monkeypatch, by_step, steps=1)[0] == 0
+    kept, note = kept_by(monkeypatch, by_step, steps=1, margin=-0.02)
+    assert kept == 1 and "above grpo.keep_margin=-0.02" in note
+
+
+def test_the_start_stays_when_no_step_scores_as_well_on_the_choosing_half(monkeypatch):
+    by_step = {0: results(40, 10), 1: results(39, 60), 2: results(20, 64)}
+    kept, note = kept_by(monkeypatch, by_step, steps=2)
+    assert kept == 0 and note == (
+        "kept the start (step 0) of 2 (grpo.keep_over_start): no later step scored as well as the start on the "
+        "choosing half of the probe"
+    )
+
+
+# ----------------------------------------------------------------------------- a resumed round keeps its start
+
+
+def test_a_resumed_round_compares_with_its_true_start(monkeypatch, tmp_path):
+    """The start (step 0) is better than every later step. Interrupted at step 5 and resumed from the checkpoint of
+    step 4, the round still returns the start's weights, read from where the first attempt saved them; before, the
+    resumed attempt took step 4 as its start and returned it."""
+    good, worse = results(50, 50), results(20, 20)
+    fake_probe(monkeypatch, lambda step: good if step == 0 else worse)
+    args = Args(save_strategy="steps", output_dir=str(tmp_path))
+
+    def attempt(first_step: int = 0, crash_at: int | None = None) -> tuple[HeldOutAccuracyProbe, StepModel]:
+        probe, model = probe_callback(ROWS, keep_best=True, over_start=True), StepModel()
+        run_probe(probe, model, 8, args, first_step=first_step, crash_at=crash_at)
+        return probe, model
+
+    uninterrupted, model = attempt()
+    assert uninterrupted.kept_step == 0 and model.step.item() == 0
+    with pytest.raises(RuntimeError, match="injected fault at step 5"):
+        attempt(crash_at=5)
+    assert (tmp_path / START_DIR / "start.json").is_file()
+    resumed, model = attempt(first_step=4)
+    assert resumed.kept_step == 0 and model.step.item() == 0  # the true start's weights
+    assert resumed.notes == uninterrupted.notes
+
+    (tmp_path / START_DIR / "start.json").unlink()  # an attempt that saved no start: the resume point stands in
+    fallback, model = attempt(first_step=4)
+    assert fallback.kept_step == 4 and model.step.item() == 4
+    assert fallback.notes[0].startswith("resumed at step 4 without the round's saved start")
 
 
 def test_a_step_replaces_the_start_only_when_clearly_better():
@@ -187,6 +294,10 @@ def test_best_probe_needs_a_probe():
         load_config(None, ["grpo.probe_patience=3"])
     with pytest.raises(ConfigError, match=r"keep_over_start compares the best-probed step with the start"):
         load_config(None, ["grpo.keep_over_start=true", "grpo.keep=last"])
+    with pytest.raises(ConfigError, match=r"keep_margin is the gain the confirm rule asks"):
+        load_config(
+            None, ["grpo.keep=best_probe", "grpo.keep_over_start=true", "grpo.keep_rule=ci", "grpo.keep_margin=0.01"]
+        )
 
 
 @pytest.mark.integration

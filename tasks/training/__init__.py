@@ -6,6 +6,8 @@ training/
   progress.py     per training stage: its console progress line and a Prefect progress artifact
   health.py       a GRPO round's health watch and its trainer callback
   monitor.py      the alarm logic itself (readings in, alarms out)
-  probe.py        the held-out accuracy probe: greedy accuracy during GRPO
+  probe.py        the held-out accuracy probe: greedy accuracy during GRPO, the kept step, SFT's bar
+  keep_rule.py    the statistics of the keep decision (grpo.keep_over_start), pure
+  consensus.py    one decision for every process of a multi-process stage (gather, agree)
   tiny_model.py   the char-level tiny model of the CPU recipes
 """

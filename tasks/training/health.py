@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from grpo_pipeline.configs.schema import MonitorsConfig
 from grpo_pipeline.tasks.core.common import logger
+from grpo_pipeline.tasks.training.consensus import agree, gather
 from grpo_pipeline.tasks.training.monitor import (
     MLFLOW_TAG,
     SOLVED_METRIC,
@@ -102,27 +103,40 @@ class RoundHealth:
 
         return functools.update_wrapper(record, fn)
 
-    def _flush_rewards(self, step: int) -> None:
-        """Hand the rewards scored during this step (if it generated) to the monitor. A process that holds a share
-        of the step's completions which does not split into whole groups (multi-process training with prompts_per_step
-        not a multiple of the process count) cannot read the groups; it says so once and skips the reading."""
+    def _step_share(self) -> tuple[list[float], list[bool] | None] | None:
+        """This process's share of the rewards scored during this step (if it generated): each completion's weighted
+        reward and, with a correctness reward, whether it was correct; None when it scored nothing."""
+        share = None
         if len(self._pending) == len(self.weights):
             totals = weighted_totals([self._pending[i] for i in range(len(self.weights))], self.weights)
             correct = None
             if self.correctness_index is not None:
                 correct = [s is not None and s >= 1.0 for s in self._pending[self.correctness_index]]
-            if len(totals) % self.group_size == 0:
-                self.monitor.record_rewards(step, StepRewards.of(totals, self.group_size, correct))
-            elif not self._warned_split:
-                self._warned_split = True
-                logger.warning(
-                    "%s: this process scored %d completions, not whole groups of %d; the zero-spread and stagnation "
-                    "readings are off here",
-                    self.stage,
-                    len(totals),
-                    self.group_size,
-                )
+            share = (totals, correct)
         self._pending.clear()
+        return share
+
+    def _record_rewards(self, step: int, shares: Sequence[tuple[list[float], list[bool] | None] | None]) -> None:
+        """Hand the step's rewards to the monitor: every process's share, in process order (`consensus.gather`).
+        TRL gathers the completions of all processes in that order and groups them there, so together the shares are
+        the step's whole groups even when one process's share is not (prompts_per_step not a multiple of the process
+        count). Should they still not split into groups, it says so once and skips the reading."""
+        scored = [share for share in shares if share is not None]
+        if not scored:
+            return
+        totals = [t for share, _ in scored for t in share]
+        correct = None if any(c is None for _, c in scored) else [c for _, share in scored for c in share]
+        if len(totals) % self.group_size == 0:
+            self.monitor.record_rewards(step, StepRewards.of(totals, self.group_size, correct))
+        elif not self._warned_split:
+            self._warned_split = True
+            logger.warning(
+                "%s: the step's %d scored completions do not split into groups of %d; the zero-spread and stagnation "
+                "readings are off",
+                self.stage,
+                len(totals),
+                self.group_size,
+            )
 
     # ------------------------------------------------------------------ trainer events
 
@@ -132,7 +146,7 @@ class RoundHealth:
         self.monitor = HealthMonitor(self.cfg, self.beta, first_step=step)
         self._logged_to = step
         if step > 0:
-            for tag, value in sorted(_run_tags().items()):
+            for tag, value in agree(sorted(_run_tags().items())):  # process 0's: only it has the MLflow run
                 if tag.startswith(f"{MLFLOW_TAG}alarm.") and value not in self.alarms:
                     self.alarms.append(value)
                     self.monitor.fired.add(tag.removeprefix(f"{MLFLOW_TAG}alarm."))
@@ -143,9 +157,12 @@ class RoundHealth:
                 )
 
     def step_end(self, step: int, model: torch.nn.Module | None) -> None:
-        self._flush_rewards(step)
+        bad = nonfinite_parameter(model) if model is not None else None  # a sharded model: this process's shard
+        shares = gather((self._step_share(), bad))
+        self._record_rewards(step, [share for share, _ in shares])
         alarms = self.monitor.check(step)
-        if model is not None and (bad := nonfinite_parameter(model)) is not None:
+        bad = next((name for _, name in shares if name is not None), None)
+        if bad is not None:
             alarms.append(
                 Alarm(
                     "nonfinite_loss",
@@ -155,6 +172,15 @@ class RoundHealth:
                     fatal=True,
                 )
             )
+        self._decide(alarms)
+
+    def _decide(self, alarms: list[Alarm]) -> None:
+        """Report process 0's alarms and saturation, and stop (fail_fast, a fatal alarm, stop_when_saturated) by
+        them, on every process: each process's monitor reads the same gathered figures, and process 0's verdict is
+        the one they all act on, so no process stops while another trains on."""
+        alarms, saturation = agree((alarms, self.monitor.saturation))
+        self.monitor.fired.update(alarm.kind for alarm in alarms)
+        self.monitor.saturation = saturation
         self._report(alarms)
         self._note_saturation()
 
@@ -177,7 +203,7 @@ class RoundHealth:
             solved = self.monitor.zero_spread_fraction(self._logged_to, step, "solved") or 0.0
             _log_metrics({ZERO_SPREAD_METRIC: zero, SOLVED_METRIC: solved}, step)
             self._logged_to = step
-        self._report(self.monitor.check(step))
+        self._decide(self.monitor.check(step))
 
     def end(self) -> None:
         _set_tags({f"{MLFLOW_TAG}status": "unhealthy" if self.alarms else "healthy"})

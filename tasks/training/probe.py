@@ -5,13 +5,24 @@ It measures what evaluation measures (greedy answers on unseen problems), not on
 in one batched `generate` call every few steps, and logs it to the training run (MLflow `probe/greedy_accuracy`).
 With `grpo.keep: best_probe` it also chooses the policy a round returns: the step with the best probe accuracy
 (ties go to the later step), whose trainable weights it keeps a copy of (on the CPU) until the round ends, and it
-can end a round whose probe has stopped improving (`grpo.probe_patience`). Because the probe never sees an eval
-item, that choice cannot leak into the evaluation or the gate.
+can end a round whose probe has stopped improving (`grpo.probe_patience`). With `grpo.keep_over_start` the chosen
+step must also beat the round's start (tasks/training/keep_rule.py: by default it is chosen on one half of the
+probe rows and confirmed on the other). Because the probe never sees an eval item, that choice cannot leak into the
+evaluation or the gate.
+
+In a multi-process stage every process measures (a sharded model needs all of them in `generate`), and every
+process then uses process 0's per-row results (tasks/training/consensus.py), so the bar, the patience stop and the
+kept step are the same decision everywhere. A round resumed from a periodic checkpoint keeps its true start: the
+start's per-row results and weights are saved beside the resumable checkpoints when the round begins.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 from transformers import TrainerCallback
@@ -23,6 +34,10 @@ from grpo_pipeline.tasks.scoring.curves import PROBE_METRIC
 from grpo_pipeline.tasks.scoring.generation import generate
 from grpo_pipeline.tasks.scoring.items import judge
 from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci
+from grpo_pipeline.tasks.training.consensus import agree, gather, rank
+from grpo_pipeline.tasks.training.keep_rule import as_items, confirms, counts, halves, scored_mean, sign_test_p
+
+START_DIR = "probe-start"  # beside the resumable checkpoints: the round's start, for a resumed attempt
 
 
 def greedy_accuracy(model, tokenizer, rows: pd.DataFrame, reward, max_new_tokens: int) -> float:
@@ -53,7 +68,8 @@ def greedy_correct(model, tokenizer, rows: pd.DataFrame, reward, max_new_tokens:
 
 def beats_start(start: list[float | None], best: list[float | None]) -> tuple[bool, tuple[float, float, float]]:
     """Whether `best` is more accurate than `start` on the same probe rows beyond the noise: the lower bound of the
-    paired bootstrap 95% CI of (best - start) over the rows both scored is above zero. Also (mean, low, high)."""
+    paired bootstrap 95% CI of (best - start) over the rows both scored is above zero. Also (mean, low, high).
+    The decision of `grpo.keep_rule: ci`."""
     pairs = [(a, b) for a, b in zip(start, best, strict=True) if a is not None and b is not None]
     if len(pairs) < 2:
         return False, (math.nan, math.nan, math.nan)
@@ -61,12 +77,25 @@ def beats_start(start: list[float | None], best: list[float | None]) -> tuple[bo
     return low > 0, (mean, low, high)
 
 
+@dataclass
+class Probed:
+    """One probe of the round: its step, per-row results (1.0, 0.0, None unscored) and, for a step that may be
+    returned, a CPU copy of its trainable weights."""
+
+    step: int
+    items: list[float | None]
+    weights: dict[str, object]
+
+
 class HeldOutAccuracyProbe(TrainerCallback):
     """Log greedy accuracy on the probe rows when training starts, every `every_steps` steps and at its end (MLflow
     metric `probe/greedy_accuracy`); keeps the values in `history` as (step, accuracy).
 
     With `keep_best`, the round ends with the weights of its best-probed step (`kept_step`), and `patience` > 0 ends
-    it once that many probes in a row have not beaten the best. `notes` says what was kept and why."""
+    it once that many probes in a row have not beaten the best. With `over_start` as well, that step replaces the
+    round's start only when `rule` says it beats it: 'confirm' chooses the step on one half of the probe rows and
+    requires a gain above `margin` on the other half; 'ci' chooses on every row and requires the paired bootstrap
+    95% CI of the gain on those rows to be above zero. `notes` says what was kept and why."""
 
     def __init__(
         self,
@@ -80,6 +109,8 @@ class HeldOutAccuracyProbe(TrainerCallback):
         notes: list[str] | None = None,
         stop_at: float | None = None,
         over_start: bool = False,
+        rule: str = "confirm",
+        margin: float = 0.0,
     ):
         self.rows = rows.reset_index(drop=True)
         self.tokenizer = tokenizer
@@ -89,43 +120,70 @@ class HeldOutAccuracyProbe(TrainerCallback):
         self.keep_best = keep_best
         self.stop_at = stop_at  # end training at the first probe at or above this accuracy
         self.patience = patience
-        self.over_start = over_start  # with keep_best: the start stays unless the best step beats it (beats_start)
-        self._start: tuple[int, list[float | None], dict[str, object]] | None = None
-        self._best_items: list[float | None] = []
+        self.over_start = over_start  # with keep_best: the start stays unless the chosen step beats it (`rule`)
+        self.rule = rule
+        self.margin = margin
+        choosing, self._confirming = halves(len(self.rows))
+        # the rows the best step is chosen on: one half with the confirm rule, else every row
+        self._choosing = choosing if keep_best and over_start and rule == "confirm" else None
         self.history: list[tuple[int, float]] = []
-        self.best: tuple[int, float] | None = None  # (step, accuracy) of the kept weights
+        self.best: tuple[int, float] | None = None  # (step, score on the choosing rows) of the candidate
         self.kept_step: int | None = None
         self.notes: list[str] = [] if notes is None else notes  # appended to: a caller may share its list
-        self._weights: dict[str, object] = {}
+        self._candidate: Probed | None = None
+        self._start: Probed | None = None  # the round's start (on a resumed attempt: as saved when it began)
         self._since_best = 0
         self._early_stop_at: int | None = None
 
-    def _measure(self, step: int, model) -> float:
+    # ------------------------------------------------------------------ measuring
+
+    def _measure(self, step: int, model) -> list[float | None]:
         import mlflow
 
-        items = greedy_correct(model, self.tokenizer, self.rows, self.reward, self.max_new_tokens)
+        # every process measures; all of them go on with process 0's results, so they all decide alike
+        items = agree(greedy_correct(model, self.tokenizer, self.rows, self.reward, self.max_new_tokens))
         acc = accuracy(items)
         self.history.append((step, acc))
         if mlflow.active_run() is not None:
             mlflow.log_metric(PROBE_METRIC, acc, step=step)
-        if self.keep_best and not math.isnan(acc) and self._consider(step, acc, model):
-            self._best_items = items
-            if self.over_start and self._start is None:  # the first probe is always kept: its copy is the start's
-                self._start = (step, items, self._weights)
-        return acc
+        if self.keep_best:
+            self._consider(step, items, model)
+        return items
 
-    def _consider(self, step: int, acc: float, model) -> bool:
-        """Keep a copy of the trainable weights when `acc` is at least the best so far (ties: the later step)."""
-        if self.best is not None and acc < self.best[1]:
+    def _score(self, items: list[float | None]) -> float:
+        """The accuracy the candidate is chosen by: on the choosing half (confirm rule), else on every row."""
+        return scored_mean(as_items(items), self._choosing)
+
+    def _consider(self, step: int, items: list[float | None], model) -> None:
+        """Make `step` the candidate when its score is at least the candidate's (ties: the later step), keeping a
+        copy of its trainable weights; a NaN score (nothing scored) is passed over."""
+        score = self._score(items)
+        if math.isnan(score):
+            return
+        if self.best is not None and score < self.best[1]:
             self._since_best += 1
-            return False
-        self._since_best = 0 if self.best is None or acc > self.best[1] else self._since_best + 1
-        self.best = (step, acc)
-        self._weights = trainable_copy(model)
-        return True
+            return
+        self._since_best = 0 if self.best is None or score > self.best[1] else self._since_best + 1
+        self.best = (step, score)
+        start = self._start is not None and self._start.step == step
+        self._candidate = Probed(step, items, self._start.weights if start else trainable_copy(model))
+
+    # ------------------------------------------------------------------ trainer events
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self._measure(state.global_step, model)  # the start policy (or where an interrupted round resumes)
+        step = state.global_step
+        resumable = self.keep_best and args.save_strategy != "no"
+        if not self.keep_best:
+            self._measure(step, model)
+        elif step > 0 and resumable and (start := self._saved_start(args.output_dir, step)) is not None:
+            self._start = start  # the interrupted attempt's start: the candidate until a step scores as well
+            self._consider(start.step, start.items, model)
+            self._measure(step, model)
+        else:  # the round's start: measured here, its weights copied before _consider may share them
+            self._start = Probed(step, [], trainable_copy(model))
+            self._start.items = self._measure(step, model)
+            if resumable and step == 0:
+                save_start(Path(args.output_dir) / START_DIR, self._start)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         due = state.global_step % self.every_steps == 0 or state.global_step == state.max_steps
@@ -150,35 +208,108 @@ class HeldOutAccuracyProbe(TrainerCallback):
         step = state.global_step
         if not self.history or self.history[-1][0] != step:
             self._measure(step, model)
-        if not self.keep_best or self.best is None:
+        if not self.keep_best or self._candidate is None:
             return
-        best_step, best_acc = self.best
-        last_acc = self.history[-1][1]
         if self._early_stop_at is not None:
             self.notes.append(
                 f"ended at step {self._early_stop_at} of {state.max_steps}: {self.patience} probe(s) in a row did not "
                 f"beat the best (grpo.probe_patience={self.patience})"
             )
-        note = None
-        if self._start is not None and best_step != self._start[0]:
-            better, (gain, low, high) = beats_start(self._start[1], self._best_items)
-            if not better:  # the round's best is not clearly better than where it started: keep the start
-                note = (
-                    f"kept the start (step {self._start[0]}) of {step} (grpo.keep_over_start): the best step "
-                    f"{best_step}'s probe gain {gain:+.3f} (paired 95% CI {low:+.3f}..{high:+.3f}) is not above zero"
-                )
-                best_step, best_acc, self._weights = self._start[0], self.history[0][1], self._start[2]
-        if best_step != step:
-            restore(model, self._weights)
-        self.kept_step = best_step
-        why = "the round's best held-out probe accuracy, ties to the later step"
-        self.notes.append(
-            note
-            or f"kept step {best_step} of {step} (grpo.keep=best_probe): probe accuracy {best_acc:.3f}, {why}; the "
-            f"last step's was {last_acc:.3f}"
+        kept, note = self._decide(step)
+        if kept.step != step:
+            restore(model, kept.weights)
+        self.kept_step = kept.step
+        self.notes.append(note)
+        logger.info("%s", note)
+        self._candidate = self._start = None
+
+    # ------------------------------------------------------------------ the kept step
+
+    def _decide(self, step: int) -> tuple[Probed, str]:
+        """The probe the round returns and the note that says why."""
+        chosen, start, last_acc = self._candidate, self._start, self.history[-1][1]
+        assert chosen is not None
+        plain = (
+            f"kept step {chosen.step} of {step} (grpo.keep=best_probe): probe accuracy {accuracy(chosen.items):.3f}, "
+            f"the round's best held-out probe accuracy, ties to the later step; the last step's was {last_acc:.3f}"
         )
-        logger.info("%s", self.notes[-1])
-        self._weights, self._start = {}, None
+        if not self.over_start or start is None or chosen.step == start.step:
+            if self.over_start and start is not None:
+                return start, (
+                    f"kept the start (step {start.step}) of {step} (grpo.keep_over_start): no later step scored as "
+                    f"well as the start on the {'choosing half of the ' if self._choosing is not None else ''}probe"
+                )
+            return chosen, plain
+        if self.rule == "ci":
+            better, (gain, low, high) = beats_start(start.items, chosen.items)
+            if better:
+                return chosen, plain
+            return start, (
+                f"kept the start (step {start.step}) of {step} (grpo.keep_over_start): the best step "
+                f"{chosen.step}'s probe gain {gain:+.3f} (paired 95% CI {low:+.3f}..{high:+.3f}) is not above zero"
+            )
+        c = counts(start.items, chosen.items, self._confirming)
+        evidence = (
+            f"on the {c.rows} probe rows that did not choose it, it gained {c.gain * 100:+.1f} points over the start "
+            f"({c.wins} right where the start was wrong, {c.losses} the reverse; one-sided sign test "
+            f"p={sign_test_p(c.wins, c.losses):.2g})"
+        )
+        if confirms(c.wins, c.losses, c.rows, self.margin):
+            return chosen, (
+                f"kept step {chosen.step} of {step} (grpo.keep=best_probe, grpo.keep_over_start): the best of the "
+                f"round's probes on half of the probe rows; {evidence}, above grpo.keep_margin={self.margin:g}; probe "
+                f"accuracy {accuracy(chosen.items):.3f}, the start's {accuracy(start.items):.3f}, the last step's "
+                f"{last_acc:.3f}"
+            )
+        return start, (
+            f"kept the start (step {start.step}) of {step} (grpo.keep_over_start): step {chosen.step} was the best "
+            f"on half of the probe rows, but {evidence}, not above grpo.keep_margin={self.margin:g}"
+        )
+
+    # ------------------------------------------------------------------ a resumed round's start
+
+    def _saved_start(self, output_dir: str, step: int) -> Probed | None:
+        """The start the interrupted attempt saved (None, with a note, when a process cannot read its part: the
+        resume point is then the start, as if the round began there)."""
+        folder = Path(output_dir) / START_DIR
+        start = load_start(folder)
+        if all(gather(start is not None)):
+            assert start is not None
+            start.items = agree(start.items)
+            return start
+        self.notes.append(
+            f"resumed at step {step} without the round's saved start ({folder}): the start the probe compares with is "
+            "the resume point"
+        )
+        logger.warning("%s", self.notes[-1])
+        return None
+
+
+def save_start(folder: Path, start: Probed) -> None:
+    """Save the round's start beside its resumable checkpoints: each process its trainable weights
+    (`weights-rank<r>.pt`), process 0 the per-row results (`start.json`); each file written whole or not at all."""
+    import torch
+
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = folder / f"weights-rank{rank()}.pt"
+    torch.save(start.weights, folder / f".{weights.name}.tmp")
+    os.replace(folder / f".{weights.name}.tmp", weights)
+    if rank() == 0:
+        (folder / ".start.json.tmp").write_text(json.dumps({"step": start.step, "items": start.items}))
+        os.replace(folder / ".start.json.tmp", folder / "start.json")
+
+
+def load_start(folder: Path) -> Probed | None:
+    """The start `save_start` wrote, this process's part (None when a file is missing or unreadable)."""
+    import torch
+
+    try:
+        meta = json.loads((folder / "start.json").read_text())
+        weights = torch.load(folder / f"weights-rank{rank()}.pt", map_location="cpu", weights_only=True)
+    except (OSError, ValueError, RuntimeError) as e:
+        logger.warning("cannot read the round's saved start in %s: %s", folder, e)
+        return None
+    return Probed(int(meta["step"]), list(meta["items"]), weights)
 
 
 def trainable_copy(model) -> dict[str, object]:
