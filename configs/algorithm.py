@@ -21,6 +21,9 @@ VLLM_CORRECTION_FIELDS = (
     "vllm_importance_sampling_clip_min",
     "vllm_importance_sampling_clip_max",
 )
+# loss_type vespo reweights whole sequences itself, so a vLLM correction under it must be per token (TRL refuses a
+# sequence-level mode): the mode it takes when none is given.
+VESPO_VLLM_MODE = "token_truncate"
 
 
 class PolicyLossConfig(Section):
@@ -120,7 +123,8 @@ class PolicyLossConfig(Section):
         Field(
             default="sequence_mask",
             description="vLLM rollouts only: per token or per sequence ratios, clipped into [clip_min, clip_max] "
-            "('truncate') or zeroed outside it ('mask'). loss_type vespo needs a token_* mode.",
+            "('truncate') or zeroed outside it ('mask'). loss_type vespo needs a token_* mode, and takes "
+            "token_truncate when none is given (and vLLM may be used).",
         )
     )
     vllm_importance_sampling_clip_min: float | None = Field(
@@ -139,6 +143,12 @@ class PolicyLossConfig(Section):
         for problem in _loss_conflicts(self):
             raise ValueError(problem)
         return self
+
+
+def vllm_corrections_set(c: PolicyLossConfig) -> list[str]:
+    """The vLLM correction fields whose value is not their default, by name. A value, never whether it was written:
+    a config dumped in full (to a remote worker, to the run's config.yaml) must mean what it meant before."""
+    return [name for name in VLLM_CORRECTION_FIELDS if getattr(c, name) != PolicyLossConfig.model_fields[name].default]
 
 
 def _loss_conflicts(c: PolicyLossConfig) -> list[str]:

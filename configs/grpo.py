@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
-from grpo_pipeline.configs.algorithm import VLLM_CORRECTION_FIELDS, PolicyLossConfig
+from grpo_pipeline.configs.algorithm import VESPO_VLLM_MODE, PolicyLossConfig, vllm_corrections_set
 from grpo_pipeline.configs.base import UNKEYED, Section, save_every_steps_field
 
 
@@ -241,6 +241,18 @@ class GRPOStageConfig(PolicyLossConfig):
             )
         return self
 
+    @model_validator(mode="before")
+    @classmethod
+    def _vespo_corrects_per_token(cls, raw: Any) -> Any:
+        """loss_type vespo where vLLM may generate, with no correction mode given, takes a per-token one (TRL refuses
+        vespo with a sequence-level mode): `loss_type: vespo` alone is then valid with use_vllm auto, on every
+        machine. The mode is then written in the config, so a dumped config reads back the same."""
+        if not isinstance(raw, dict) or raw.get("loss_type") != "vespo" or "vllm_importance_sampling_mode" in raw:
+            return raw
+        if _false(raw.get("use_vllm", "auto")) or _false(raw.get("vllm_importance_sampling_correction", True)):
+            return raw
+        return {**raw, "vllm_importance_sampling_mode": VESPO_VLLM_MODE}
+
     @model_validator(mode="after")
     def _vllm_settings_agree(self) -> GRPOStageConfig:
         if self.vllm_mode == "server" and self.use_vllm is False:
@@ -248,10 +260,12 @@ class GRPOStageConfig(PolicyLossConfig):
                 "vllm_mode is 'server' but use_vllm is false, so no server would be used; set grpo.use_vllm=true "
                 "(or auto) or grpo.vllm_mode=colocate"
             )
-        if self.use_vllm is False and (asked := sorted(self.model_fields_set & set(VLLM_CORRECTION_FIELDS))):
+        # By value, not by whether a field was written: the full dump of a valid config (a remote round's
+        # parameters, the run's config.yaml) must validate again.
+        if self.use_vllm is False and (asked := vllm_corrections_set(self)):
             raise ValueError(
                 f"{', '.join(asked)} correct vLLM rollouts but use_vllm is false; set grpo.use_vllm=true (or auto) "
-                "or leave them out"
+                "or leave them at their defaults"
             )
         if self.use_vllm is False and self.off_policy_mask_threshold is not None and not self.reuses_rollouts:
             raise ValueError(
@@ -271,3 +285,13 @@ class GRPOStageConfig(PolicyLossConfig):
         if url is not None and not url.startswith(("http://", "https://")):
             raise ValueError(f"vllm_server_base_url {url!r} is not an http(s) URL; write it as http://<host>:<port>")
         return self
+
+
+def _false(value: Any) -> bool:
+    """Whether a raw (unvalidated) boolean setting reads as false, as pydantic will read it ('false', 0, 'off')."""
+    if value == "auto":
+        return False
+    try:
+        return TypeAdapter(bool).validate_python(value) is False
+    except ValidationError:
+        return False

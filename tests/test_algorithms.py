@@ -101,7 +101,10 @@ def test_every_option_is_exercised_by_a_micro_run():
             ["grpo.use_vllm=false", "grpo.off_policy_mask_threshold=0.5"],
             r"every completion is on-policy; raise grpo.num_iterations",
         ),
-        (["grpo.loss_type=vespo"], r"vespo with vLLM rollouts needs a per-token correction"),
+        (
+            ["grpo.loss_type=vespo", "grpo.vllm_importance_sampling_mode=sequence_mask"],
+            r"vespo with vLLM rollouts needs a per-token correction",
+        ),
     ],
 )
 def test_contradictions_are_refused_with_the_fix(overrides, message):

@@ -73,6 +73,83 @@ def test_grpo_trains_in_two_processes(tmp_path: Path) -> None:
         assert {int(line.split()[1]) for line in scored} == {8}, (rank, scored)
 
 
+# Imported by each process (it holds the round's reward): the probe's results depend on the process, and each process
+# writes down where it ended and which step it kept. Process 0's probe rises to its best at step 4 and falls, so
+# grpo.probe_patience=2 ends the round at step 8 with step 4 kept; process 1's rises to the end (step 12 kept), so
+# alone the two would stop at different steps and one would wait for the other in DDP's next all-reduce.
+RANK_PROBE = textwrap.dedent("""\
+    import json
+    import os
+    from pathlib import Path
+
+    from grpo_pipeline.tasks.training import probe
+    from grpo_pipeline.tasks.training.keep_rule import halves
+
+    RANK = int(os.environ.get("RANK", "0"))
+    LEVELS = {0: [1, 2, 3, 2, 1, 1, 1], 1: [0, 1, 2, 3, 4, 4, 4]}  # rows right per half, per probe (steps 0, 2, ..)
+    measured = []
+
+    def by_rank(model, tokenizer, rows, reward, max_new_tokens):
+        right = LEVELS[RANK][len(measured)]
+        measured.append(right)
+        choose, confirm = halves(len(rows))
+        return [1.0 if i in {*choose[:right], *confirm[:right]} else 0.0 for i in range(len(rows))]
+
+    probe.greedy_correct = by_rank
+    train_end = probe.HeldOutAccuracyProbe.on_train_end
+
+    def on_train_end(self, args, state, control, **kwargs):
+        train_end(self, args, state, control, **kwargs)
+        decided = {"ended": state.global_step, "kept": self.kept_step, "notes": self.notes}
+        Path(__file__).with_name(f"decided-by-rank{RANK}.json").write_text(json.dumps(decided))
+
+    probe.HeldOutAccuracyProbe.on_train_end = on_train_end
+
+    def zero(completions, **kwargs):
+        return [0.0 for _ in completions]
+""")
+
+
+@pytest.mark.integration
+def test_two_processes_whose_probes_disagree_stop_and_keep_alike(tmp_path: Path) -> None:
+    (tmp_path / "rank_probe.py").write_text(RANK_PROBE)
+    add_import_paths(tmp_path)
+    cfg = load_config(
+        None,
+        [
+            f"run_dir={tmp_path / 'runs'}",
+            "data.num_train=32",
+            "data.num_eval=8",
+            "data.num_probe=8",
+            "model.tiny.hidden_size=32",
+            "model.tiny.num_layers=1",
+            "model.tiny.num_heads=2",
+            "model.tiny.intermediate_size=64",
+            "grpo.steps_per_round=12",
+            "grpo.prompts_per_step=4",
+            "grpo.generations_per_prompt=4",
+            "grpo.max_completion_tokens=4",
+            "grpo.save_every_steps=0",
+            "grpo.probe_problems=8",
+            "grpo.probe_every_steps=2",
+            "grpo.keep=best_probe",
+            "grpo.keep_over_start=true",
+            "grpo.probe_patience=2",
+            "grpo.rewards=[{name: 'rank_probe:zero'}]",
+            "distributed.num_processes=2",
+        ],
+    )
+    data = prepare_data(cfg.data, cfg.run_dir)
+    base = prepare_base_model(cfg.model, cfg.run_dir, cfg.seed)
+    policy = grpo_train(base, data.train, cfg.grpo, cfg.model, 1, RunContext.of(cfg), held_out=data.probe)
+
+    decided = [json.loads((tmp_path / f"decided-by-rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert decided[0] == decided[1]  # the same end, the same kept step, the same notes
+    assert (decided[0]["ended"], decided[0]["kept"]) == (8, 4)  # process 0's figures decided
+    assert json.loads((Path(policy.path) / "meta.json").read_text())["steps"] == 8
+    assert policy.notes == tuple(decided[0]["notes"])
+
+
 def test_a_launched_process_rebuilds_the_config_as_it_was_written(tmp_path: Path) -> None:
     """The job file carries the fields the user set, not every default: with use_vllm false, a launched process
     rebuilt from a full dump would see the vLLM correction options as given and refuse the config (found by

@@ -150,6 +150,89 @@ def test_a_broken_newest_checkpoint_is_skipped(tmp_path, monkeypatch, damage):
     assert meta(ckpt)["steps"] == STEPS
 
 
+# ----------------------------------------------------------------------------- a GRPO round's start survives a resume
+
+SHORTER = "def shorter(completions, **kwargs):\n    return [-float(len(c)) for c in completions]\n"
+GRPO_STEPS, GRPO_EVERY, GRPO_CRASH_AT = 6, 2, 5  # checkpoints at 2 and 4; the crash loses step 5
+
+
+class CrashingGrpoSeal(CrashingSeal):
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        if state.global_step == GRPO_CRASH_AT:
+            raise Crash(f"injected fault at step {state.global_step}")
+
+
+def test_a_resumed_grpo_round_compares_with_its_true_start(tmp_path, monkeypatch):
+    """grpo.keep_over_start against the round's start, when the round is interrupted and resumed: the fake probe
+    finds every row right on the start's weights and every row wrong on any other, so the round must return its
+    start. The resumed attempt reads the start's results and weights from where the first attempt saved them
+    (beside its checkpoints) and returns the start's weights, as the uninterrupted round does; before, it took the
+    resume point (step 4) as its start and returned a trained step."""
+    from grpo_pipeline.tasks.grpo import grpo_train
+    from grpo_pipeline.tasks.training import probe
+
+    (tmp_path / "keep_resume_rewards.py").write_text(SHORTER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    overrides = [
+        "data.num_probe=8", "grpo.probe_problems=8", f"grpo.probe_every_steps={GRPO_EVERY}",
+        "grpo.keep=best_probe", "grpo.keep_over_start=true", f"grpo.steps_per_round={GRPO_STEPS}",
+        f"grpo.save_every_steps={GRPO_EVERY}", "grpo.prompts_per_step=2", "grpo.generations_per_prompt=4",
+        "grpo.max_completion_tokens=4", "grpo.learning_rate=1e-3",
+        "grpo.rewards=[{name: 'keep_resume_rewards:shorter'}]",
+    ]  # fmt: skip
+
+    def round_from_the_start(run_dir: Path) -> tuple[Checkpoint, dict[str, torch.Tensor]]:
+        """The round from a fresh base model, and that model's weights (the round's start)."""
+        cfg = tiny_grpo_config(run_dir, overrides)
+        data = prepare_data(cfg.data, cfg.run_dir)
+        base = prepare_base_model(cfg.model, cfg.run_dir, cfg.seed)
+        start = load_file(str(Path(base.path) / "model.safetensors"))
+
+        def on_the_start(model, tokenizer, rows, reward, max_new_tokens):
+            named = {n: p for n, p in model.named_parameters() if n in start}
+            assert named, "no parameter of the model is in the start checkpoint"
+            same = all(torch.equal(p.detach().cpu(), start[n]) for n, p in named.items())
+            return [1.0 if same else 0.0] * len(rows)
+
+        monkeypatch.setattr(probe, "greedy_correct", on_the_start)
+        ctx = RunContext(run_dir=cfg.run_dir, experiment="resume", recipe="resume", seed=cfg.seed)
+        return grpo_train(base, data.train, cfg.grpo, cfg.model, 1, ctx, held_out=data.probe, monitors=None), start
+
+    uninterrupted, start = round_from_the_start(tmp_path / "uninterrupted")
+    [note] = uninterrupted.notes
+    assert note.startswith(f"kept the start (step 0) of {GRPO_STEPS} (grpo.keep_over_start)")
+    assert weights(uninterrupted).keys() == start.keys()
+    assert all(torch.equal(weights(uninterrupted)[n], t) for n, t in start.items())
+
+    run_dir = tmp_path / "interrupted"
+    with monkeypatch.context() as m:
+        m.setattr(trainer, "seal_callback", CrashingGrpoSeal)
+        with pytest.raises(Crash):
+            round_from_the_start(run_dir)
+    (folder,) = run_dir.glob("grpo-round1/*.resume")
+    assert (folder / probe.START_DIR / "start.json").is_file()
+    resumed, _ = round_from_the_start(run_dir)
+    assert resumed.resumed_from_step == 2 * GRPO_EVERY
+    assert resumed.notes == uninterrupted.notes
+    assert all(torch.equal(weights(resumed)[n], t) for n, t in start.items())  # the true start's weights
+
+
+def tiny_grpo_config(run_dir: Path, overrides: list[str]) -> PipelineConfig:
+    return load_config(
+        None,
+        [
+            f"run_dir={run_dir}",
+            "data.num_train=64",
+            "data.num_eval=8",
+            "model.tiny.hidden_size=32",
+            "model.tiny.num_layers=1",
+            "model.tiny.num_heads=2",
+            "model.tiny.intermediate_size=64",
+            *overrides,
+        ],
+    )
+
+
 # ----------------------------------------------------------------------------- through the CLI, as users run it
 
 FLAKY_REWARD = textwrap.dedent("""\
