@@ -56,7 +56,8 @@ class ModelConfig(Section):
         "weights unchanged. Policies are saved as trained (float32), so the next round starts from the same weights. "
         "LoRA adapters are float32 either way, over a frozen base in `dtype`. 'pure': weights and optimizer state in "
         "`dtype` (half the memory), for setups that keep float32 master weights themselves (DeepSpeed bf16, FSDP "
-        "mixed precision).",
+        "mixed precision); with float16 weights only those can train (fp16's loss scaler refuses float16 gradients), "
+        "so pure float16 full fine-tuning without them is refused.",
     )
     lora: LoraAdapterConfig | None = Field(
         default=None,

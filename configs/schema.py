@@ -131,6 +131,25 @@ class PipelineConfig(Section):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _fp16_weights_have_master_weights(self) -> PipelineConfig:
+        # transformers trains fp16 with a loss scaler (torch's GradScaler), which refuses float16 gradients
+        # ("Attempting to unscale FP16 gradients"): full fine-tuning with float16 weights fails at its first step, after
+        # the model has loaded, unless DeepSpeed or FSDP keep float32 master weights themselves. LoRA adapters are
+        # float32 whatever the base's dtype.
+        model, launch = self.model, self.distributed.accelerate_config
+        pure_fp16 = model.train_precision == "pure" and model.dtype == "float16" and model.lora is None
+        if pure_fp16 and not _keeps_master_weights(launch):
+            raise ValueError(
+                "model.train_precision is 'pure' with model.dtype float16: fp16 training on CUDA scales the loss and "
+                "cannot unscale float16 gradients ('Attempting to unscale FP16 gradients'), so it would fail at its "
+                "first step; set model.train_precision=mixed (float32 master weights, fp16 autocast), or "
+                "model.dtype=bfloat16, or train with DeepSpeed or FSDP, which keep float32 master weights themselves "
+                "(distributed.accelerate_config=configs/accelerate/zero2.yaml, or fsdp2.yaml)"
+                + (f"; {launch} is not one of them" if launch else "")
+            )
+        return self
+
     def gating_suite(self) -> str:
         """The suite whose metric the gate decides on."""
         return split_metric(self.registry.gating_metric, self.eval.suite_names())[0]
@@ -178,6 +197,19 @@ class PipelineConfig(Section):
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def _keeps_master_weights(accelerate_config: str | None) -> bool:
+    """Whether the accelerate config at `accelerate_config` runs DeepSpeed or FSDP (which keep float32 master weights
+    of half-precision ones). A file that cannot be read here is taken at its word: launching names it if it is
+    missing (tasks/core/launch.py)."""
+    if accelerate_config is None:
+        return False
+    try:
+        launch = yaml.safe_load(Path(accelerate_config).read_text())
+    except (OSError, yaml.YAMLError):
+        return True
+    return not isinstance(launch, dict) or launch.get("distributed_type") in ("DEEPSPEED", "FSDP")
 
 
 def _as_trained(spec: Any, trained: dict[str, dict]) -> Any:

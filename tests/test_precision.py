@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_pipeline.configs.schema import load_config
+from grpo_pipeline.configs.schema import ConfigError, load_config
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.training.trainer import adapter_args, precision_args, precision_line
 
@@ -45,6 +45,25 @@ def test_full_fine_tuning_loads_float32_master_weights_unless_pure():
     assert precision_args(mixed)["model_init_kwargs"]["dtype"] == torch.float32
     assert precision_args(pure)["model_init_kwargs"]["dtype"] == "bfloat16"
     assert precision_args(lora)["model_init_kwargs"]["dtype"] == "bfloat16"  # a frozen base; adapters are float32
+
+
+def test_pure_float16_full_fine_tuning_is_refused_unless_deepspeed_or_fsdp_keeps_master_weights(tmp_path):
+    # fp16's loss scaler cannot unscale float16 gradients: the run would fail at its first step on CUDA.
+    pure = ["model.dtype=float16", "model.train_precision=pure"]
+    fix = r"set model.train_precision=mixed .*or model.dtype=bfloat16.*DeepSpeed or FSDP"
+    with pytest.raises(ConfigError, match=fix):
+        load_config(None, pure)
+    launch = Path(__file__).resolve().parents[1] / "configs" / "accelerate"
+    with pytest.raises(ConfigError, match=r"ddp.yaml is not one of them"):
+        load_config(None, [*pure, f"distributed.accelerate_config={launch / 'ddp.yaml'}"])
+    for fine in (
+        f"distributed.accelerate_config={launch / 'zero2.yaml'}",
+        f"distributed.accelerate_config={launch / 'fsdp2.yaml'}",
+        "model.lora={}",  # float32 adapters over a frozen float16 base
+        "model.train_precision=mixed",
+        "model.dtype=bfloat16",
+    ):
+        load_config(None, [*pure, fine])
 
 
 @pytest.mark.parametrize(("dtype", "compute"), [("float16", torch.float16), ("bfloat16", torch.bfloat16)])
