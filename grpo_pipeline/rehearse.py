@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from grpo_pipeline.configs.algorithm import PolicyLossConfig, vllm_corrections_set
 from grpo_pipeline.configs.schema import ConfigError, PipelineConfig, RehearsalConfig
 
 SUFFIX = "-rehearsal"
@@ -203,6 +204,11 @@ def _replace_gpu_only(cfg: PipelineConfig, put: Any) -> list[str]:
         put("distributed.accelerate_config", None)
         lines.append(f"{cfg.distributed.accelerate_config} (GPU processes) needs CUDA: rehearsed as plain data "
                      "parallel on gloo")  # fmt: skip
+        if cfg.model.train_precision == "pure" and cfg.model.dtype == "float16" and cfg.model.lora is None:
+            # float16 weights train only where DeepSpeed or FSDP keep float32 master weights (configs/schema.py)
+            put("model.train_precision", "mixed")
+            lines.append("pure float16 training (model.train_precision: pure) needs the master weights that "
+                         "DeepSpeed or FSDP keep: rehearsed in mixed precision")  # fmt: skip
     if cfg.distributed.num_processes > MAX_PROCESSES:
         put("distributed.num_processes", MAX_PROCESSES)
     if cfg.monitors.fail_fast or cfg.monitors.sft_not_learned == "error":
@@ -214,20 +220,43 @@ def _replace_gpu_only(cfg: PipelineConfig, put: Any) -> list[str]:
 
 
 def _rollouts_here(cfg: PipelineConfig, put: Any) -> str:
-    """vLLM rollouts without CUDA: colocated on vLLM's CPU build where it is installed, else transformers' generate."""
+    """vLLM rollouts without CUDA: colocated on vLLM's CPU build where it is installed, else transformers' generate.
+    What only vLLM uses is set back with them (a server, the corrections of vLLM's probabilities, off-policy masking
+    that would have no off-policy sample to mask), so that the rehearsal is a valid config of its own."""
     from grpo_pipeline.tasks.scoring.vllm_generation import vllm_installed
 
-    if vllm_installed() and cfg.grpo.vllm_mode == "colocate":
+    grpo = cfg.grpo
+    server = grpo.vllm_mode == "server"
+    if server:  # a server takes its weights over NCCL, which needs CUDA (and its own GPU)
+        put("grpo.vllm_mode", "colocate")
+    if vllm_installed():
         put("grpo.use_vllm", True)
         return (
             "vLLM rollouts on CUDA: they ran colocated on vLLM's CPU build (its linear layers on live weights, which "
-            "take each step's weights in place); CUDA kernels and the GPU memory split were not rehearsed"
+            "take each step's weights in place); "
+            + ("the vLLM server (grpo.vllm_mode: server), its weight transfer (NCCL), " if server else "")
+            + "CUDA kernels and the GPU memory split were not rehearsed"
         )
     put("grpo.use_vllm", False)
+    skipped = [f"the vLLM server (grpo.vllm_mode: server, {_server_address(cfg)})"] if server else []
+    if corrections := vllm_corrections_set(grpo):
+        for name in corrections:
+            put(f"grpo.{name}", PolicyLossConfig.model_fields[name].default)
+        skipped.append(f"the correction of vLLM's probabilities ({', '.join(f'grpo.{n}' for n in corrections)})")
+    if grpo.off_policy_mask_threshold is not None and not grpo.reuses_rollouts:
+        put("grpo.off_policy_mask_threshold", None)
+        skipped.append("off-policy masking (grpo.off_policy_mask_threshold), which has no off-policy sample to mask "
+                       "when each generation serves one on-policy step")  # fmt: skip
     return (
         "vLLM rollouts (grpo.use_vllm) need CUDA and the vllm package: GRPO generated with transformers' generate "
         "(make test-vllm's environment rehearses them on vLLM's CPU build)"
+        + (f"; without vLLM, neither {' nor '.join(skipped)} was rehearsed" if skipped else "")
     )
+
+
+def _server_address(cfg: PipelineConfig) -> str:
+    grpo = cfg.grpo
+    return grpo.vllm_server_base_url or f"{grpo.vllm_server_host}:{grpo.vllm_server_port}"
 
 
 def _shrink(cfg: PipelineConfig, put: Any) -> None:

@@ -145,6 +145,73 @@ def test_the_rehearsal_keeps_the_recipes_task_and_never_its_names(recipe, shared
         assert cfg.distributed.accelerate_config is None and "gloo" in " ".join(notes.not_rehearsed)
 
 
+# Recipe shapes a rehearsal on CPU cannot run as written, each with what it must say it replaced: the override, what
+# the rehearsal's config then holds, a line of `changed` and words of `not_rehearsed`.
+SHAPES = {
+    "vllm server": (
+        ["grpo.vllm_mode=server", "grpo.vllm_server_host=gpu-1"],
+        {"grpo.vllm_mode": "colocate", "grpo.use_vllm": False},
+        "grpo.vllm_mode: server -> colocate",
+        "the vLLM server (grpo.vllm_mode: server, gpu-1:8000)",
+    ),
+    "vllm corrections": (
+        ["grpo.vllm_importance_sampling_mode=token_mask", "grpo.vllm_importance_sampling_clip_min=0.5"],
+        {"grpo.vllm_importance_sampling_mode": "sequence_mask", "grpo.vllm_importance_sampling_clip_min": None},
+        "grpo.vllm_importance_sampling_mode: token_mask -> sequence_mask",
+        "grpo.vllm_importance_sampling_mode, grpo.vllm_importance_sampling_clip_min",
+    ),
+    "vespo alone": (
+        ["grpo.loss_type=vespo"],
+        {"grpo.loss_type": "vespo", "grpo.use_vllm": False, "grpo.vllm_importance_sampling_mode": "sequence_mask"},
+        "grpo.vllm_importance_sampling_mode: token_truncate -> sequence_mask",
+        "the correction of vLLM's probabilities (grpo.vllm_importance_sampling_mode)",
+    ),
+    "off-policy masking of vLLM samples": (
+        ["grpo.off_policy_mask_threshold=0.5"],
+        {"grpo.off_policy_mask_threshold": None},
+        "grpo.off_policy_mask_threshold: 0.5 -> None",
+        "off-policy masking (grpo.off_policy_mask_threshold)",
+    ),
+    "pure float16 under DeepSpeed": (
+        ["model.dtype=float16", "model.train_precision=pure",
+         "distributed.accelerate_config=configs/accelerate/zero2.yaml"],
+        {"model.train_precision": "mixed", "distributed.accelerate_config": None},
+        "model.train_precision: pure -> mixed",
+        "pure float16 training (model.train_precision: pure)",
+    ),
+}  # fmt: skip
+
+
+def value_at(cfg: PipelineConfig, path: str) -> object:
+    value: object = cfg
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_recipe_cpu_cannot_run_as_written_is_rehearsed_and_says_what(shape, shared_data, tmp_path, monkeypatch):
+    monkeypatch.setattr("grpo_pipeline.tasks.training.trainer.has_cuda", lambda: False)
+    monkeypatch.setattr("grpo_pipeline.tasks.scoring.vllm_generation.vllm_installed", lambda: False)
+    overrides, expected, changed, not_rehearsed = SHAPES[shape]
+    original = load_config(GSM8K, [*local_data(GSM8K, shared_data, tmp_path, tmp_path), *overrides])
+    cfg = rehearsal_config(original)  # no "please report this"
+    assert {path: value_at(cfg, path) for path in expected} == expected
+    assert changed in cfg.rehearsal.changed
+    assert not_rehearsed in " ".join(cfg.rehearsal.not_rehearsed)
+    assert PipelineConfig.model_validate(cfg.model_dump(mode="json")) == cfg
+
+
+def test_a_vllm_server_is_rehearsed_colocated_where_vllms_cpu_build_is_installed(shared_data, tmp_path, monkeypatch):
+    monkeypatch.setattr("grpo_pipeline.tasks.training.trainer.has_cuda", lambda: False)
+    monkeypatch.setattr("grpo_pipeline.tasks.scoring.vllm_generation.vllm_installed", lambda: True)
+    original = load_config(GSM8K, [*local_data(GSM8K, shared_data, tmp_path, tmp_path), "grpo.vllm_mode=server"])
+    cfg = rehearsal_config(original)
+    assert (cfg.grpo.use_vllm, cfg.grpo.vllm_mode) == (True, "colocate")
+    assert "grpo.vllm_mode: server -> colocate" in cfg.rehearsal.changed
+    assert "the vLLM server (grpo.vllm_mode: server)" in " ".join(cfg.rehearsal.not_rehearsed)
+
+
 def test_the_embedded_recipes_and_rehearsals_are_not_rehearsed(shared_data, tmp_path):
     with pytest.raises(ConfigError, match="grpo-pipeline run"):
         rehearsal_config(load_config(ROOT / "configs" / "tiny-arith.yaml"))

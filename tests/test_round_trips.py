@@ -182,3 +182,16 @@ def valid_configs(draw: st.DrawFn, **fixed: dict[str, Any]) -> PipelineConfig:
 def test_random_valid_configs_read_back_from_their_dumps(cfg):
     assert_round_trips(cfg)
 
+
+@settings(max_examples=200, **RANDOM)
+@given(valid_configs(model={"base": "Qwen/Qwen2.5-0.5B-Instruct"}, grpo={"use_vllm": "auto"}))
+def test_random_valid_recipes_rehearse_and_their_rehearsals_read_back(cfg):
+    """`grpo-pipeline rehearse` takes every valid recipe (what it cannot run here it replaces, and says so); the
+    stand-in model is not built here, the config is what is checked."""
+    import grpo_pipeline.rehearse as rehearse
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rehearse, "_stand_in", lambda cfg: (Path("/stand-in/qwen2"), "Qwen2ForCausalLM"))
+        rehearsal = rehearse.rehearsal_config(cfg)
+    assert rehearsal.rehearsal.recipe == cfg.name
+    assert_round_trips(rehearsal)
