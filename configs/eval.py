@@ -167,6 +167,8 @@ class EvalConfig(Section):
         if twice:
             raise ValueError(f"eval.suites names {twice} more than once; give every suite its own name")
         for suite in self.suites:
+            if suite.n_samples is None and suite.k is None:
+                continue  # the section's own n_samples and k, which it checks itself
             n, k = suite.n_samples or self.n_samples, suite.k or self.k
             if max(k) > n:
                 raise ValueError(f"suite {suite.name!r}: k {k} exceeds n_samples {n}; raise n_samples or drop them")

@@ -106,12 +106,15 @@ def test_cold_run_trains_evaluates_and_registers(micro_run: MicroRun):
     assert list(states(summary)) == [
         "prepare_data",
         "validate_data",
+        "prepare_suite-one_digit",
         "decontaminate",
         "base_model",
         "sft_warmup",
         "evaluate-sft",
+        "evaluate-sft-one_digit",
         "grpo-round1",
         "evaluate-r1",
+        "evaluate-r1-one_digit",
         "register-r1",
     ]
     reg = summary["registrations"][0]

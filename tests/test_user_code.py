@@ -78,4 +78,4 @@ def test_reward_module_beside_the_recipe_trains_and_its_edits_rerun_grpo(tmp_pat
     edited, _ = run("edited")
     # the evaluations report the mean of each training reward, so the SFT baseline is rescored too
     rerun = [s for s, cached in edited.items() if not cached]
-    assert rerun == ["evaluate-sft", "grpo-round1", "evaluate-r1", "register-r1"]
+    assert rerun == ["evaluate-sft", "grpo-round1", "evaluate-r1", "evaluate-r1-one_digit", "register-r1"]
