@@ -18,17 +18,30 @@ of the moment, so an old comparison never takes `champion` from a version it was
 Gating one registered model is serialised (core/tracking.py registry_lock) from reading the champion to moving the
 alias, across every run that shares the Prefect API (a global concurrency limit named after the model) and every run
 that shares the run directory (a file lock).
+
+A registration lives in one tracking store: the stage's key covers the store's address (`tracking_uri`), and a
+cached registration is reused only while its version is still in that store (`StoredRegistration.remote_problems`,
+which the flow checks as it checks cached files), so a rerun pointed at another store, or after the version was
+deleted, registers again. A policy trained against another store (its round cached from a run before the change)
+has no run in this one: it is registered from a run created here for it, once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from grpo_pipeline.configs.schema import RegistryConfig, split_metric
 from grpo_pipeline.tasks.core.common import Checkpoint, logger
 from grpo_pipeline.tasks.core.stage import RunContext, stage
-from grpo_pipeline.tasks.core.tracking import configure_mlflow, registry_lock, require_reachable, tracking_uri
+from grpo_pipeline.tasks.core.tracking import (
+    TrackingUnavailable,
+    configure_mlflow,
+    registry_lock,
+    require_reachable,
+    tracking_uri,
+)
 from grpo_pipeline.tasks.release.card import model_card
 from grpo_pipeline.tasks.release.gate import ITEMS_ARTIFACT, GateDecision, decide, suite_items_artifact, suite_tags
 from grpo_pipeline.tasks.release.lineage import provenance_tags
@@ -57,6 +70,73 @@ from grpo_pipeline.tasks.release.versions import (
     registration_of,
     version_of_run,
 )
+
+# On a run created to register a policy trained against another tracking store: the id of its training run there.
+TRAINED_IN_TAG = "grpo_pipeline.trained_in_run"
+
+
+class StoredRegistration(Registration):
+    """A registration and the run directory whose tracking store holds it (`tracking_uri(run_dir)`: the store the
+    register stage's key names, so the one a cached result is checked against)."""
+
+    run_dir: str
+
+    def remote_problems(self) -> list[str]:
+        """What is wrong with the registered version in its tracking store: gone (the store was replaced, the version
+        deleted), another run's, or not to be checked now (the server does not answer). Empty when it is there."""
+        from mlflow import MlflowClient
+        from mlflow.exceptions import MlflowException
+
+        uri = tracking_uri(self.run_dir)
+        try:
+            require_reachable(uri)
+            version = MlflowClient(tracking_uri=uri).get_model_version(self.model_name, self.version)
+        except TrackingUnavailable as e:
+            return [f"{self.model_uri} cannot be checked: {e}"]
+        except MlflowException as e:
+            if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return [f"{self.model_uri} is not in the MLflow registry at {uri}"]
+            return [f"{self.model_uri} cannot be read from the MLflow registry at {uri} ({e.error_code})"]
+        if version.run_id != self.run_id:
+            return [f"{self.model_uri} at {uri} was registered from run {version.run_id}, not {self.run_id}"]
+        return []
+
+
+def _stored(registration: Registration, ctx: RunContext) -> StoredRegistration:
+    return StoredRegistration(**dict(registration), run_dir=ctx.run_dir)
+
+
+def _tracking_store(params: Mapping[str, Any]) -> dict[str, str]:
+    """The tracking store a registration is made in: part of the register stage's key."""
+    return {"tracking_uri": tracking_uri(params["ctx"].run_dir)}
+
+
+def _run_in_this_store(client: MlflowClient, policy: Checkpoint, experiment_id: str) -> Checkpoint:
+    """`policy` with a run in the current tracking store to register it from: its training run, or, when it was
+    trained against another store (the round was cached before MLFLOW_TRACKING_URI changed), a run made here for it
+    the first time and found again by its tag on a retry or rerun."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_run(policy.run_id)
+        return policy
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+    query = f"tags.`{TRAINED_IN_TAG}` = '{policy.run_id}'"
+    found = client.search_runs([experiment_id], query, order_by=["attributes.start_time ASC"], max_results=1)
+    if found:
+        run_id = found[0].info.run_id
+    else:
+        made = client.create_run(experiment_id, run_name=policy.stage, tags={TRAINED_IN_TAG: policy.run_id})
+        run_id = made.info.run_id
+        client.set_terminated(run_id)
+    logger.warning(
+        "%s was trained in run %s, which is not in this tracking store (%s; MLFLOW_TRACKING_URI changed since the "
+        "round ran): registering it from run %s here, which does not hold its training metrics",
+        policy.stage, policy.run_id, client.tracking_uri, run_id,
+    )  # fmt: skip
+    return policy.model_copy(update={"run_id": run_id})
 
 
 def _metric(result: EvalResult, name: str) -> float:
@@ -88,7 +168,7 @@ def _log_learning_curve(
 
 # The resolved config and the tags are logged, not keyed: a new version is registered only when the policy, its
 # scores or the registry settings change.
-@stage("register", unkeyed=("config_yaml", "tags"))
+@stage("register", unkeyed=("config_yaml", "tags"), external=_tracking_store)
 def register_policy(
     policy: Checkpoint,
     result: EvalResult,
@@ -99,7 +179,7 @@ def register_policy(
     tags: dict[str, str],
     suites: dict[str, EvalResult] | None = None,
     baselines: dict[str, EvalResult] | None = None,
-) -> Registration:
+) -> StoredRegistration:
     """Log scores, config and the model (an MLflow transformers model) to the policy's run, and register a version
     of `cfg.model_name` that takes `champion` only if the gate promotes it. `result` and `baseline` are the gating
     suite's scores; `suites` and `baselines` every suite's, by name (the gating suite's among them): each is logged
@@ -112,9 +192,10 @@ def register_policy(
     suites = suites or {result.suite: result}
     path = policy.require()
     require_reachable(tracking_uri(ctx.run_dir))  # fail in seconds, not after MLflow's own minutes of retries
-    configure_mlflow(ctx.run_dir, cfg.experiment)
+    experiment_id = configure_mlflow(ctx.run_dir, cfg.experiment)
     client = MlflowClient()
     with registry_lock(ctx.run_dir, cfg.model_name):  # another run gating the same model waits its turn
+        policy = _run_in_this_store(client, policy, experiment_id)
         existing = version_of_run(client, cfg.model_name, policy.run_id)
 
         def gated(items: pd.DataFrame) -> tuple[GateDecision, dict[str, str], str]:
@@ -134,13 +215,13 @@ def register_policy(
             if pending(existing) and not existing.aliases and champion_moved(client, existing):
                 gate, _, card = gated(result.items())
                 existing = regate(client, existing, gate, card)
-            return registration_of(client, finished(client, existing))
+            return _stored(registration_of(client, finished(client, existing)), ctx)
         items = result.items()
         gate, tags, card = gated(items)
         model_id = _log_policy_run(
             client, policy, path, result, items, baseline, config_yaml, tags, card, (suites, baselines or {})
         )
-        return create_gated_version(client, cfg, policy.run_id, model_id, gate, tags, card)
+        return _stored(create_gated_version(client, cfg, policy.run_id, model_id, gate, tags, card), ctx)
 
 
 def _log_suites(suites: dict[str, EvalResult], baselines: dict[str, EvalResult]) -> None:

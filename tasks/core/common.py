@@ -126,9 +126,10 @@ class Checkpoint(Ref):
 
 
 def damaged(value: object) -> list[str]:
-    """What is wrong on disk with the files a stage result points to: every Ref (a hub model aside) whose file or
-    directory is missing or whose content no longer has its fingerprint, and every other file a result lists in
-    `local_files()`. Empty when all is intact. Used before a cached result is trusted."""
+    """What is wrong with what a stage result points to: every Ref (a hub model aside) whose file or directory is
+    missing or whose content no longer has its fingerprint, every other file a result lists in `local_files()`, and
+    what a result's own `remote_problems()` finds off this disk (a registered version gone from its tracking store).
+    Empty when all is intact. Used before a cached result is trusted."""
     problems: list[str] = []
     if isinstance(value, Ref) and not (isinstance(value, Checkpoint) and value.on_hub):
         path = Path(value.path)
@@ -139,6 +140,8 @@ def damaged(value: object) -> list[str]:
     if isinstance(value, BaseModel):
         listed = value.local_files() if callable(getattr(value, "local_files", None)) else []
         problems += [f"{p} is missing" for p in listed if not Path(p).exists()]
+        if callable(check := getattr(value, "remote_problems", None)):
+            problems += check()
         for name in type(value).model_fields:
             problems += damaged(getattr(value, name))
     elif isinstance(value, list | tuple):
