@@ -30,7 +30,7 @@ from tests.helpers import MICRO_MODEL, ROOT, cli_env, finished, micro_overrides,
 
 pytestmark = pytest.mark.integration
 
-GRPO_SIDE = {"grpo-round1", "evaluate-r1", "register-r1"}
+GRPO_SIDE = {"grpo-round1", "evaluate-r1", "evaluate-r1-one_digit", "register-r1"}
 MODEL_NAME = MICRO_MODEL
 
 
@@ -271,12 +271,14 @@ def test_invalid_data_stops_before_training(tmp_path, prefect_api):
 def test_iterative_rounds_start_from_the_last_policy(reruns, micro_run: MicroRun):
     """`grpo.rounds=2` with a KL term: round 2 starts from round 1's policy, which is also its reference model."""
     result = reruns["rounds"].summary
-    assert [s["stage"] for s in result["stages"]][-6:] == [
+    assert [s["stage"] for s in result["stages"]][-8:] == [
         "grpo-round1",
         "evaluate-r1",
+        "evaluate-r1-one_digit",
         "register-r1",
         "grpo-round2",
         "evaluate-r2",
+        "evaluate-r2-one_digit",
         "register-r2",
     ]
     assert [r["version"] for r in result["registrations"]] == ["1", "2"]

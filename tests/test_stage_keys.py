@@ -204,7 +204,7 @@ def test_output_directory_is_named_by_the_key(tmp_path: Path) -> None:
                 "grpo_pipeline.tasks.grpo",
                 "grpo_pipeline.tasks.register",
                 "grpo_pipeline.tasks.training.trainer",
-            ],  # fmt: skip
+            ],
         ),
     ],
 )
