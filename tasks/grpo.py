@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from grpo_pipeline.configs.algorithm import VLLM_CORRECTION_FIELDS, PolicyLossConfig
+from grpo_pipeline.configs.algorithm import PolicyLossConfig, vllm_corrections_set
 from grpo_pipeline.configs.schema import (
     CORRECTNESS,
     ConfigError,
@@ -54,7 +54,7 @@ def trl_grpo_args(
             "grpo.vllm_mode is 'server' but vLLM is not used here (use_vllm: auto needs CUDA and the vllm package); "
             "rollouts are generated with transformers in the training process"
         )
-    if not use_vllm and (asked := sorted(cfg.model_fields_set & set(VLLM_CORRECTION_FIELDS))):
+    if not use_vllm and (asked := vllm_corrections_set(cfg)):
         logger.warning("%s correct vLLM rollouts; vLLM is not used here, so they have no effect", ", ".join(asked))
     return GRPOConfig(
         **common,

@@ -120,8 +120,8 @@ def launch(fn: Callable[..., Checkpoint], params: dict[str, Any], ctx: RunContex
 
 def job_params(params: dict[str, Any]) -> dict[str, Any]:
     """The stage's arguments as JSON. A config section carries only the fields that were set, so that the launched
-    process rebuilds it as it was built here: validators that read `model_fields_set` (a vLLM option given with
-    use_vllm false, say) see what the user wrote, not every default spelled out."""
+    process rebuilds it as the user wrote it (a full dump rebuilds an equal config too: no validator depends on
+    which fields were set, tests/test_round_trips.py)."""
     return {
         name: value.model_dump(mode="json", exclude_unset=True)
         if isinstance(value, BaseModel)
