@@ -92,10 +92,11 @@ class HeldOutAccuracyProbe(TrainerCallback):
     metric `probe/greedy_accuracy`); keeps the values in `history` as (step, accuracy).
 
     With `keep_best`, the round ends with the weights of its best-probed step (`kept_step`), and `patience` > 0 ends
-    it once that many probes in a row have not beaten the best. With `over_start` as well, that step replaces the
-    round's start only when `rule` says it beats it: 'confirm' chooses the step on one half of the probe rows and
-    requires a gain above `margin` on the other half; 'ci' chooses on every row and requires the paired bootstrap
-    95% CI of the gain on those rows to be above zero. `notes` says what was kept and why."""
+    it once that many probes in a row have not beaten the best (on the rows the step is chosen by). With
+    `over_start` as well, that step replaces the round's start only when `rule` says it beats it: 'confirm' chooses
+    the step on one half of the probe rows and requires a gain above `margin` on the other half; 'ci' chooses on
+    every row and requires the paired bootstrap 95% CI of the gain on those rows to be above zero. `notes` says what
+    was kept and why."""
 
     def __init__(
         self,
@@ -167,6 +168,8 @@ class HeldOutAccuracyProbe(TrainerCallback):
         self.best = (step, score)
         start = self._start is not None and self._start.step == step
         self._candidate = Probed(step, items, self._start.weights if start else trainable_copy(model))
+        if not start and not self.over_start and self._start is not None:
+            self._start.weights = {}  # only keep_over_start returns to the start once a later step is the candidate
 
     # ------------------------------------------------------------------ trainer events
 
@@ -303,6 +306,8 @@ def load_start(folder: Path) -> Probed | None:
     """The start `save_start` wrote, this process's part (None when a file is missing or unreadable)."""
     import torch
 
+    if not folder.is_dir():
+        return None
     try:
         meta = json.loads((folder / "start.json").read_text())
         weights = torch.load(folder / f"weights-rank{rank()}.pt", map_location="cpu", weights_only=True)
