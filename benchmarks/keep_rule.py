@@ -75,7 +75,7 @@ def simulate(rng, trials: int, n: int, acc: np.ndarray, item_corr: float, step_c
 
 def kept_step(rule: str, items: np.ndarray, rng, margin: float) -> np.ndarray:
     """The index (0: the start) each simulated round returns under `rule`."""
-    probes, trials, n = items.shape
+    _, trials, n = items.shape
     everyone = np.arange(trials)
     if rule == "confirm":
         choose, confirm = halves(n)
