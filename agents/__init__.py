@@ -1,0 +1,18 @@
+"""Tools and environments for GRPO over multi-turn tool use, on TRL's own agent API (docs/agents.md).
+
+TRL 1.16's GRPOTrainer runs the loop: it renders the tools' JSON schemas into the prompt, parses each completion's
+tool calls through the tokenizer's response template, calls the tools in the training process, appends their
+results as `tool` messages and generates again, up to `max_tool_calling_iterations` times. This package supplies
+what the pipeline adds around it:
+  - built-in tools: `calculator` (exact arithmetic, parsed, never evaluated as code) and `python` (the model's code
+    in the code reward's sandbox, with its isolation, time and output limits);
+  - the registry: `grpo.tools` entries (built-in names or `pkg.module:function` paths) and `grpo.environment` (a
+    class by dotted path) resolved and checked, with errors that name the field and the fix; user tools are wrapped
+    so that one that raises, hangs or floods gives the model a message within limits instead of stalling training;
+  - the trainer's arguments: `agent_args(cfg)` for GRPOConfig, `trainer_agent_kwargs(cfg, tokenizer)` for
+    GRPOTrainer, and `tool_code(cfg)`, the fingerprints of the user's tool modules for the stage keys.
+
+Threat model, in short: a tool's arguments are written by the policy, which is rewarded for whatever works, so they
+are hostile input. The calculator never evaluates text; the python tool runs code only inside the sandbox; user tools
+run in the training process (they are the user's own code, trusted as user rewards are) under a time and size limit.
+"""

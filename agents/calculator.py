@@ -1,0 +1,156 @@
+"""The `calculator` tool: exact arithmetic on a model's expression, parsed with `ast` (never `eval` of its text).
+
+Why not `eval` with empty builtins: the model's text is hostile input (`().__class__.__base__...` escapes an empty
+namespace), and even plain arithmetic such as `9**9**9` would hold the training process for minutes. So only
+number literals, `+ - * / // % **`, unary signs and parentheses are accepted, every value is an exact `Fraction`
+(`0.1 + 0.2` is `0.3`, not `0.30000000000000004`), and a result that would pass `MAX_DIGITS` digits is refused
+before it is computed. Every failure is a returned message that says what to change, never an exception.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+
+MAX_EXPRESSION_CHARS = 2000  # longer input is refused unparsed (ast.parse of deep nesting is itself costly)
+MAX_DIGITS = 1000  # the largest numerator or denominator any step may produce, in decimal digits
+MAX_NODES = 500  # numbers and operators in one expression
+APPROX_DIGITS = 20  # significant digits shown beside a non-terminating fraction
+
+_BINARY: dict[type[ast.operator], Callable[[Fraction, Fraction], Fraction]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
+_HINTS = {
+    ast.BitXor: "use ** for powers, not ^",
+    ast.MatMult: "use * for multiplication",
+    ast.BitAnd: "only + - * / // % ** and parentheses are supported",
+    ast.BitOr: "only + - * / // % ** and parentheses are supported",
+    ast.LShift: "only + - * / // % ** and parentheses are supported",
+    ast.RShift: "only + - * / // % ** and parentheses are supported",
+}
+
+
+class CalcError(ValueError):
+    """An expression the calculator will not evaluate; the message is what the model is told."""
+
+
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression exactly and return the result.
+
+    Supports integers and decimals, + - * / // % ** and parentheses, e.g. "(12.5 + 7) * 3 // 2". Division is exact:
+    a result that does not terminate is given as a fraction with a decimal approximation.
+
+    Args:
+        expression: The arithmetic expression to evaluate, e.g. "123456789 * 987654321".
+
+    Returns:
+        The exact result, or a message starting with "error:" that says what to change.
+    """
+    try:
+        return format_number(evaluate(str(expression)))
+    except CalcError as e:
+        return f"error: {e}"
+    except ZeroDivisionError:
+        return "error: division by zero"
+    except (OverflowError, MemoryError, RecursionError) as e:  # not expected within the bounds above; still a message
+        return f"error: {type(e).__name__}: the expression is too large; split it into steps"
+
+
+def evaluate(expression: str) -> Fraction:
+    """The exact value of `expression`; raises CalcError (or ZeroDivisionError) for what it will not compute."""
+    expression = expression.strip()  # the node positions below index this text
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise CalcError(f"the expression is longer than {MAX_EXPRESSION_CHARS} characters; split it into steps")
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except SyntaxError as e:
+        raise CalcError(f"not an arithmetic expression ({e.msg}); write e.g. 2 * (3 + 4)") from None
+    nodes = sum(1 for _ in ast.walk(tree))
+    if nodes > MAX_NODES:
+        raise CalcError(f"the expression has {nodes} parts, more than {MAX_NODES}; split it into steps")
+    return _value(tree.body, expression)
+
+
+def _value(node: ast.expr, source: str) -> Fraction:
+    """The exact value of one node of the parsed expression."""
+    if isinstance(node, ast.Constant):
+        return _literal(node, source)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
+        value = _value(node.operand, source)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp):
+        left, right = _value(node.left, source), _value(node.right, source)
+        if isinstance(node.op, ast.Pow):
+            return _power(left, right)
+        if type(node.op) not in _BINARY:
+            hint = _HINTS.get(type(node.op), "only + - * / // % ** and parentheses are supported")
+            raise CalcError(f"unsupported operator in {ast.get_source_segment(source, node)!r}: {hint}")
+        return _bounded(Fraction(_BINARY[type(node.op)](left, right)))
+    if isinstance(node, ast.Tuple):
+        raise CalcError("commas are not allowed: write 1234567, not 1,234,567, and one expression per call")
+    what = ast.get_source_segment(source, node) or type(node).__name__
+    raise CalcError(f"{what!r} is not arithmetic: only numbers, + - * / // % ** and parentheses are allowed")
+
+
+def _literal(node: ast.Constant, source: str) -> Fraction:
+    """A number literal, read from its source text so that 0.1 is exactly 1/10 (not the float nearest to it)."""
+    if isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
+        raise CalcError(f"{node.value!r} is not a number")
+    text = ast.get_source_segment(source, node) or repr(node.value)
+    try:
+        return _bounded(Fraction(Decimal(text.replace("_", ""))))
+    except (InvalidOperation, ValueError):
+        raise CalcError(f"{text!r} is not a number this calculator reads") from None
+
+
+def _power(base: Fraction, exponent: Fraction) -> Fraction:
+    """`base ** exponent` for a whole exponent, refused before computing when the result would be too large."""
+    if exponent.denominator != 1:
+        raise CalcError("only whole-number exponents are supported (the result must be exact)")
+    n = abs(exponent.numerator)
+    if base in (0, 1, -1) or n <= 1:
+        return base**exponent.numerator
+    # the result has about n * log10(max(|numerator|, denominator)) digits: refused before pow allocates anything
+    digits = n * max(math.log10(abs(base.numerator)), math.log10(base.denominator))
+    if digits > MAX_DIGITS:
+        raise CalcError(f"the result would have about {digits:.0f} digits, more than {MAX_DIGITS}")
+    return _bounded(base**exponent.numerator)
+
+
+def _digits(n: int) -> int:
+    """Decimal digits of |n| (from its bit length: exact enough, and free for huge numbers)."""
+    return max(1, math.ceil(abs(n).bit_length() * math.log10(2)))
+
+
+def _bounded(value: Fraction) -> Fraction:
+    """`value`, or CalcError when its numerator or denominator passes MAX_DIGITS digits."""
+    if max(_digits(value.numerator), _digits(value.denominator)) > MAX_DIGITS + 1:
+        raise CalcError(f"a step of the calculation has more than {MAX_DIGITS} digits")
+    return value
+
+
+def format_number(value: Fraction) -> str:
+    """An exact decimal when `value` terminates (only 2s and 5s in its denominator), else `p/q (~ decimal)`."""
+    if value.denominator == 1:
+        return str(value.numerator)
+    den, twos, fives = value.denominator, 0, 0
+    while den % 2 == 0:
+        den, twos = den // 2, twos + 1
+    while den % 5 == 0:
+        den, fives = den // 5, fives + 1
+    if den == 1:
+        places = max(twos, fives)
+        scaled = value.numerator * 10**places // value.denominator
+        sign, digits = ("-" if scaled < 0 else ""), str(abs(scaled)).rjust(places + 1, "0")
+        return f"{sign}{digits[:-places]}.{digits[-places:]}"
+    approx = Decimal(value.numerator) / Decimal(value.denominator)
+    return f"{value.numerator}/{value.denominator} (about {approx:.{APPROX_DIGITS}g})"
