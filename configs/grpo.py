@@ -3,12 +3,16 @@ held-out probe, the difficulty filter between rounds, and the work pool they run
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
 from grpo_pipeline.configs.algorithm import VESPO_VLLM_MODE, PolicyLossConfig, vllm_corrections_set
 from grpo_pipeline.configs.base import UNKEYED, Section, save_every_steps_field
+
+# `pkg.module:attribute`, as user rewards are written
+_DOTTED = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*")
 
 
 class RewardSpec(Section):
@@ -109,6 +113,26 @@ class GRPOStageConfig(PolicyLossConfig):
     temperature: float = Field(default=1.0, gt=0, description="Sampling temperature for rollouts.")
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling for rollouts.")
     max_completion_tokens: int = Field(default=8, ge=1, description="Longest rollout completion (tokens).")
+
+    # Parameters that control tool use: multi-turn rollouts on TRL's agent API (docs/agents.md)
+    tools: list[str] = Field(
+        default=[],
+        description="Tools the model may call during its rollouts: built-in names (calculator, python) or dotted "
+        "paths 'pkg.module:function' to typed functions with a Google-style docstring (TRL renders them as JSON "
+        "schemas). Each tool's module is in the round's key, like a user reward's. Empty: one completion per prompt.",
+    )
+    environment: str | None = Field(
+        default=None,
+        description="A class by dotted path 'pkg.module:Class', one instance per rollout: reset(**row) before each "
+        "rollout (text it returns is appended to the prompt), its public methods are tools, and an optional "
+        "get_reward() is one more reward (weight 1). null: no environment.",
+    )
+    max_tool_turns: int = Field(
+        default=4,
+        ge=1,
+        description="Most tool-calling turns in one rollout (TRL's max_tool_calling_iterations); the tool results "
+        "and every turn count against max_completion_tokens. Used only with tools or an environment.",
+    )
 
     # Parameters that control vLLM (rollouts on vLLM, in the training process or a server)
     use_vllm: bool | Literal["auto"] = Field(
@@ -220,6 +244,23 @@ class GRPOStageConfig(PolicyLossConfig):
     def reuses_rollouts(self) -> bool:
         """Whether one generation serves more than one optimizer pass (off-policy samples without vLLM)."""
         return self.num_iterations > 1 or (self.steps_per_generation or 1) > 1
+
+    @model_validator(mode="after")
+    def _tools_are_names_or_paths(self) -> GRPOStageConfig:
+        """The shape of each entry only; agents/registry.py imports and checks them (preflight and the round)."""
+        for i, name in enumerate(self.tools):
+            if not (name.isidentifier() or _DOTTED.fullmatch(name)):
+                raise ValueError(
+                    f"grpo.tools[{i}] is {name!r}: write a built-in tool name (calculator, python) or a dotted path "
+                    "'pkg.module:function'"
+                )
+        if len(set(self.tools)) != len(self.tools):
+            raise ValueError(f"grpo.tools lists a tool twice ({self.tools}); list each tool once")
+        if self.environment is not None and not _DOTTED.fullmatch(self.environment):
+            raise ValueError(
+                f"grpo.environment is {self.environment!r}: write the class's dotted path 'pkg.module:Class'"
+            )
+        return self
 
     @model_validator(mode="after")
     def _keep_has_a_probe(self) -> GRPOStageConfig:
