@@ -178,5 +178,11 @@ def public_methods(cls: type) -> list[str]:
 def contained_environment(cls: type, limits: UserToolLimits = DEFAULT_USER_LIMITS) -> type:
     """A subclass of `cls` whose tool methods are contained (`contain`); `reset` and `get_reward` are left as they
     are (a failure there is the environment's, not the model's, and must stop the run)."""
-    methods = {name: contain(getattr(cls, name), limits) for name in public_methods(cls)}
+    methods = {}
+    for name in public_methods(cls):
+        raw = inspect.getattr_static(cls, name)
+        if isinstance(raw, staticmethod):  # no `self`: wrap the function and keep it static
+            methods[name] = staticmethod(contain(raw.__func__, limits))
+        else:
+            methods[name] = contain(getattr(cls, name), limits)
     return type(cls.__name__, (cls,), {**methods, "__module__": cls.__module__, "__doc__": cls.__doc__})
