@@ -94,7 +94,11 @@ class GRPOStageConfig(PolicyLossConfig):
 
     # Parameters that control the rounds: their number, batch (in prompts and completions), optimizer and rewards
     rounds: int = Field(
-        default=1, ge=1, description="Iterative GRPO rounds; each starts from the last policy and resets the reference."
+        default=1,
+        ge=1,
+        description="The most iterative GRPO rounds; each starts from the last policy and resets the reference. No "
+        "round starts after one that returned its start unchanged (keep_over_start found no better step; nothing is "
+        "registered for it) or whose probe is saturated (greedy accuracy 1.0).",
     )
     steps_per_round: int = Field(default=200, ge=1, description="Optimizer steps in each round.")
     prompts_per_step: int = Field(default=8, ge=1, description="Distinct prompts sampled per optimizer step.")

@@ -13,6 +13,7 @@ and what follows it.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from grpo_pipeline.tasks.decontaminate import decontaminate as _decontaminate
 from grpo_pipeline.tasks.difficulty import Rollouts, filters_round
 from grpo_pipeline.tasks.difficulty import filter_by_difficulty as _filter_by_difficulty
 from grpo_pipeline.tasks.evaluate import evaluate as _evaluate
+from grpo_pipeline.tasks.grpo import GRPORound
 from grpo_pipeline.tasks.grpo import grpo_train as _grpo_train
 from grpo_pipeline.tasks.model import pin_registered, prepare_base_model
 from grpo_pipeline.tasks.preflight import PreflightError, check_config
@@ -124,14 +126,14 @@ check_inputs = stage_task(_check_inputs, "check_inputs")
 sft_warmup = stage_task(_sft_warmup, "sft_warmup")
 check_sft = stage_task(_check_sft, "check_sft")
 difficulty_filter = stage_task(_filter_by_difficulty, "difficulty_filter", task_run_name="difficulty_filter-{label}")
-grpo_train = stage_task(_grpo_train, "grpo_train", task_run_name="grpo-round{round_index}")
+grpo_train = stage_task(_grpo_train, "grpo_train", task_run_name="grpo-round{spec.round_index}")
 # The same stage on another work pool (grpo.work_pool), keyed like the local one, and retried like it: a child flow
 # run that failed for a passing reason runs again (resuming from its checkpoints); bad input, a health alarm or a
 # cancelled child fails at once with the round's own error.
 grpo_train_remote = task(
     remote_grpo_train,
     name="grpo_train",
-    task_run_name="grpo-round{round_index}",
+    task_run_name="grpo-round{spec.round_index}",
     cache_key_fn=_grpo_train.stage.cache_key,
     persist_result=True,
     **{**RETRIED, "retry_condition_fn": retry_remote_round},
@@ -229,22 +231,41 @@ def grpo_pipeline(
         )  # fmt: skip
     warning = learned.warning if learned else None
 
+    # grpo.rounds is a maximum: no round starts after one that returned its start or saturated its probe.
     rounds: list[Round] = []
+    release = Release(run, cfg, base, baselines, sft_warning=warning, clean=clean)
     for r in range(1, cfg.grpo.rounds + 1):
-        # Lineage: a round's parent is the version registered for the round before it, else the base model by name.
-        parent = next((x.registration.model_uri for x in reversed(rounds) if x.registration), base.lineage)
-        start = rounds[-1].policy if rounds else policy
-        step = grpo_round(run, cfg, r, start=start, parent=parent, data=data, suites=suites, baselines=baselines,
-                          model_cfg=model_cfg, sft_warning=warning, clean=clean)  # fmt: skip
+        start, start_scores = (rounds[-1].policy, rounds[-1].suites) if rounds else (policy, baselines)
+        step = grpo_round(run, cfg, r, start=start, start_scores=start_scores, data=data, suites=suites,
+                          model_cfg=model_cfg)  # fmt: skip
         rounds.append(step)
+        if not step.returned_start and (cfg.registry.register_each_round or r == cfg.grpo.rounds):
+            rounds[-1] = release.register(step, rounds)
+        if stopped := stop_reason(step, cfg.grpo.rounds):
+            break
+    new = [i for i, x in enumerate(rounds) if not x.returned_start]
+    if new and rounds[new[-1]].registration is None:  # rounds ended early: the last new policy is the run's result
+        rounds[new[-1]] = release.register(rounds[new[-1]], rounds)
     summary = Summary.build(
         cfg, run.records, baseline, rounds,
-        sft_warning=warning, scores_of=scores_of, suite_seconds=run.suite_seconds, clean=clean,
+        sft_warning=warning, scores_of=scores_of, suite_seconds=run.suite_seconds, clean=clean, stopped=stopped,
     )  # fmt: skip
     return report(cfg, summary)
 
 
 Scores = dict[str, EvalResult]  # a policy's evaluation on every suite, by suite name, in the configured order
+
+
+def stop_reason(step: Round, max_rounds: int) -> str:
+    """What ended the rounds at `step`, if anything did (empty when the next round starts or grpo.rounds ran out)."""
+    r, ran = step.index, f"{step.index} of at most {max_rounds} rounds ran"
+    if step.returned_start:
+        return f"round {r} returned its start unchanged (no step beat it on the probe), so nothing was registered " + (
+            "for it" if r == max_rounds else f"for it and no further round started ({ran})"
+        )
+    if r < max_rounds and step.policy.probe_accuracy is not None and step.policy.probe_accuracy >= 1.0:
+        return f"round {r}'s probe is saturated (greedy accuracy 1.0): no further round started ({ran})"
+    return ""
 
 
 def evaluate_suites(run: Stages, cfg: PipelineConfig, policy: Checkpoint, suites: dict[str, Ref], label: str) -> Scores:
@@ -310,15 +331,13 @@ def grpo_round(
     r: int,
     *,
     start: Checkpoint,
-    parent: str,
+    start_scores: Scores,
     data: DatasetRefs,
     suites: dict[str, Ref],
-    baselines: Scores,
     model_cfg: ModelConfig,
-    sft_warning: str | None = None,
-    clean: Decontamination | None = None,
 ) -> Round:
-    """One GRPO round from `start`: (difficulty filter) -> grpo_train -> evaluate -> register."""
+    """One GRPO round from `start`: (difficulty filter) -> grpo_train -> evaluate. A round that returned its start
+    unchanged is not evaluated again: its scores are its start's (`start_scores`)."""
     ctx, train, kept = RunContext.of(cfg), data.train, None
     if filters_round(cfg.grpo.difficulty_filter, r):  # train on the prompts `start` sometimes, not always, solves
         kept = run(
@@ -328,34 +347,52 @@ def grpo_round(
         )  # fmt: skip
         train = kept.train
     # Each round starts from the previous policy; TRL builds the reference model from it (reset per round).
-    policy = run(
-        f"grpo-round{r}", grpo_train if cfg.grpo.work_pool is None else grpo_train_remote,
+    spec = GRPORound(
         start=start, train=train, cfg=cfg.grpo, model_cfg=model_cfg, round_index=r, ctx=ctx, held_out=data.probe,
-        correctness_reward=cfg.eval.correctness_reward, code_dir=cfg.code_dir, monitors=cfg.monitors,
+        correctness_reward=cfg.eval.correctness_reward, monitors=cfg.monitors, code_dir=cfg.code_dir,
     )  # fmt: skip
-    scores = evaluate_suites(run, cfg, policy, suites, f"r{r}")
-    gating = cfg.gating_suite()
-    registration = None
-    if cfg.registry.register_each_round or r == cfg.grpo.rounds:
+    policy = run(f"grpo-round{r}", grpo_train if cfg.grpo.work_pool is None else grpo_train_remote, spec=spec)
+    scores = start_scores if policy.kept_start else evaluate_suites(run, cfg, policy, suites, f"r{r}")
+    return Round(index=r, policy=policy, result=scores[cfg.gating_suite()], difficulty=kept, suites=scores, start=start,
+                 train=train)  # fmt: skip
+
+
+@dataclass
+class Release:
+    """Registers GRPO rounds: each version's parent is the version registered for the round before it, else the
+    base model by name; the gate compares it with the model it is to replace (tasks/register.py)."""
+
+    run: Stages
+    cfg: PipelineConfig
+    base: Checkpoint
+    baselines: Scores
+    sft_warning: str | None = None
+    clean: Decontamination | None = None
+
+    def register(self, step: Round, rounds: list[Round]) -> Round:
+        """`step` with the version registered for it."""
+        cfg, r, policy = self.cfg, step.index, step.policy
+        before = [x for x in rounds if x.index < r]
+        parent = next((x.registration.model_uri for x in reversed(before) if x.registration), self.base.lineage)
         tags = {
             "config_hash": cfg.fingerprint(),
             "recipe": cfg.name,
-            "data_fingerprint": train.fingerprint,  # what this round trained on (filtered or not)
+            "data_fingerprint": step.train.fingerprint if step.train else "",  # what it trained on (filtered or not)
             "parent_model": parent,
-            "parent_run_id": start.run_id or "",
+            "parent_run_id": step.start.run_id or "" if step.start else "",
             "round": str(r),
             **{f"grpo.{name}": str(value) for name, value in cfg.grpo.algorithm().items()},  # the objective trained
-            **({"sft_warning": sft_warning} if sft_warning else {}),  # the model card says so too
+            **({"sft_warning": self.sft_warning} if self.sft_warning else {}),  # the model card says so too
             **({"rehearsal_of": cfg.rehearsal.recipe} if cfg.rehearsal else {}),  # grpo-pipeline rehearse
-            **({**clean.tags(), "decontam.line": clean.line()} if clean else {}),  # what it dropped from training
+            **({**self.clean.tags(), "decontam.line": self.clean.line()} if self.clean else {}),  # dropped rows
         }
-        registration = run(
+        gating = cfg.gating_suite()
+        registration = self.run(
             f"register-r{r}", register,
-            policy=policy, result=scores[gating], baseline=baselines[gating], cfg=cfg.registry, ctx=ctx,
-            config_yaml=cfg.to_yaml(), tags=tags, suites=scores, baselines=baselines,
+            policy=policy, result=step.suites[gating], baseline=self.baselines[gating], cfg=cfg.registry,
+            ctx=RunContext.of(cfg), config_yaml=cfg.to_yaml(), tags=tags, suites=step.suites, baselines=self.baselines,
         )  # fmt: skip
-    return Round(index=r, policy=policy, result=scores[gating], registration=registration, difficulty=kept,
-                 suites=scores)  # fmt: skip
+        return dataclasses.replace(step, registration=registration)
 
 
 def report(cfg: PipelineConfig, summary: Summary) -> Summary:

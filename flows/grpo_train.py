@@ -12,17 +12,14 @@ storage is not used: the worker needs none of the pipeline's.
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from prefect import flow
 from prefect.deployments import run_deployment
 
-from grpo_pipeline.configs.schema import CORRECTNESS, GRPOStageConfig, ModelConfig, MonitorsConfig, RewardSpec
 from grpo_pipeline.runtime import add_import_paths, setup
-from grpo_pipeline.tasks.core.common import Checkpoint, Ref
+from grpo_pipeline.tasks.core.common import Checkpoint
 from grpo_pipeline.tasks.core.publish import hand_over, materialize, publish, share_inputs, take_over
-from grpo_pipeline.tasks.core.stage import RunContext
-from grpo_pipeline.tasks.grpo import grpo_train, round_name
+from grpo_pipeline.tasks.grpo import GRPORound, grpo_train, round_name
 
 
 class RoundFailed(RuntimeError):
@@ -34,65 +31,38 @@ class RoundFailed(RuntimeError):
 
 
 @flow(name="grpo-train", log_prints=False, persist_result=False)
-def grpo_train_flow(
-    start: Checkpoint,
-    train: Ref,
-    cfg: GRPOStageConfig,
-    model_cfg: ModelConfig,
-    round_index: int,
-    ctx: RunContext,
-    held_out: Ref | None = None,
-    correctness_reward: RewardSpec = CORRECTNESS,
-    code_dir: str | None = None,
-    monitors: MonitorsConfig | None = None,
-    handoff: str | None = None,
-) -> Checkpoint:
-    """Train one GRPO round from `start` and publish the checkpoint to MLflow (its `uri`); `monitors` sets its
-    training-health alarms, which come back with the checkpoint. With `handoff` (a token the sending pipeline
-    chose), the checkpoint is also left in MLflow under it, where the pipeline reads it back."""
+def grpo_train_flow(spec: GRPORound, handoff: str | None = None) -> Checkpoint:
+    """Train one GRPO round and publish the checkpoint to MLflow (its `uri`); the round's training-health alarms come
+    back with the checkpoint. With `handoff` (a token the sending pipeline chose), the checkpoint is also left in
+    MLflow under it, where the pipeline reads it back."""
     setup()
-    add_import_paths(code_dir)  # the user's reward modules, beside the recipe
+    add_import_paths(spec.code_dir)  # the user's reward modules, beside the recipe
     # On a machine without the pipeline's disk, fetch the inputs the pipeline published (a no-op where they are here).
-    start, train = materialize(start, ctx.run_dir), materialize(train, ctx.run_dir)
-    held_out = materialize(held_out, ctx.run_dir) if held_out is not None else None
-    policy = grpo_train(
-        start, train, cfg, model_cfg, round_index, ctx, held_out, correctness_reward, code_dir, monitors=monitors
-    )
-    policy = publish(policy, ctx.run_dir, ctx.experiment)
+    run_dir = spec.ctx.run_dir
+    start, train = materialize(spec.start, run_dir), materialize(spec.train, run_dir)
+    held_out = materialize(spec.held_out, run_dir) if spec.held_out is not None else None
+    spec = spec.model_copy(update={"start": start, "train": train, "held_out": held_out})
+    policy = publish(grpo_train(spec), run_dir, spec.ctx.experiment)
     if handoff is not None:
-        hand_over(policy, handoff, ctx.run_dir)
+        hand_over(policy, handoff, run_dir)
     return policy
 
 
-def remote_grpo_train(
-    start: Checkpoint,
-    train: Ref,
-    cfg: GRPOStageConfig,
-    model_cfg: ModelConfig,
-    round_index: int,
-    ctx: RunContext,
-    held_out: Ref | None = None,
-    correctness_reward: RewardSpec = CORRECTNESS,
-    code_dir: str | None = None,
-    monitors: MonitorsConfig | None = None,
-) -> Checkpoint:
-    """`grpo_train` through the deployment `grpo-train/<cfg.work_pool>`; waits for it and returns its checkpoint,
+def remote_grpo_train(spec: GRPORound) -> Checkpoint:
+    """`grpo_train` through the deployment `grpo-train/<spec.cfg.work_pool>`; waits for it and returns its checkpoint,
     fetched here when its path is not. A failed child fails this call with the child's error."""
-    start, (train, held_out) = share_inputs(start, [train, held_out], ctx, round_name(round_index))
+    ctx, pool, r = spec.ctx, spec.cfg.work_pool, spec.round_index
+    start, (train, held_out) = share_inputs(spec.start, [spec.train, spec.held_out], ctx, round_name(r))
     handoff = uuid.uuid4().hex  # names the round's result in MLflow
-    params: dict[str, Any] = {
-        "start": start, "train": train, "cfg": cfg, "model_cfg": model_cfg, "round_index": round_index, "ctx": ctx,
-        "held_out": held_out, "correctness_reward": correctness_reward, "code_dir": code_dir, "monitors": monitors,
-        "handoff": handoff,
-    }  # fmt: skip
+    shared = spec.model_copy(update={"start": start, "train": train, "held_out": held_out})
     child = run_deployment(
-        f"grpo-train/{cfg.work_pool}",
-        parameters={k: v.model_dump(mode="json") if hasattr(v, "model_dump") else v for k, v in params.items()},
-        flow_run_name=round_name(round_index),
+        f"grpo-train/{pool}",
+        parameters={"spec": shared.model_dump(mode="json"), "handoff": handoff},
+        flow_run_name=round_name(r),
         timeout=None,  # wait for the round, however long it trains
         poll_interval=2,  # one small API call each time; the round's end is seen within 2 s (Prefect's default: 5)
     )
     if not child.state or not child.state.is_completed():
         message = child.state.message if child.state else "no state"
-        raise RoundFailed(round_index, cfg.work_pool, child.state_name or "without a state", message or "")
+        raise RoundFailed(r, pool, child.state_name or "without a state", message or "")
     return take_over(handoff, ctx.run_dir, ctx.experiment)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel
 
 from grpo_pipeline.configs.schema import HELDOUT, PipelineConfig, RehearsalConfig, split_metric
-from grpo_pipeline.tasks.core.common import Checkpoint
+from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.decontaminate import Decontamination
 from grpo_pipeline.tasks.difficulty import DifficultyResult
 from grpo_pipeline.tasks.release.gate import item_metric
@@ -32,6 +32,13 @@ class Round:
     registration: Registration | None = None
     difficulty: DifficultyResult | None = None  # the difficulty filter's result, when the round was filtered
     suites: dict[str, EvalResult] = field(default_factory=dict)  # its evaluation on every suite (`result`: gating)
+    start: Checkpoint | None = None  # the policy it started from
+    train: Ref | None = None  # what it trained on (the training split, or the difficulty filter's rows)
+
+    @property
+    def returned_start(self) -> bool:
+        """The round returned its start unchanged (grpo.keep_over_start): not evaluated again, never registered."""
+        return self.policy.kept_start
 
 
 class StageRecord(BaseModel):
@@ -169,6 +176,8 @@ class Summary(BaseModel):
     # Every eval suite's table, in the configured order (`scores` and `eval_settings` are the gating suite's).
     suites: list[SuiteTable] = []
     decontamination: str = ""  # what decontamination dropped from the training rows, in a sentence
+    # What ended the rounds before grpo.rounds (a maximum) ran out, or that the last round returned its start.
+    stopped: str = ""
 
     @classmethod
     def build(
@@ -181,11 +190,13 @@ class Summary(BaseModel):
         scores_of: dict[str, dict[str, EvalResult]] | None = None,
         suite_seconds: dict[str, float] | None = None,
         clean: Decontamination | None = None,
+        stopped: str = "",
     ) -> Summary:
+        new = [r for r in rounds if not r.returned_start]  # a round that returned its start has no scores of its own
         scores = [ScoreRow.of("sft" if cfg.sft.enabled else "base", baseline)]
-        scores += [ScoreRow.of(f"grpo round {r.index}", r.result) for r in rounds]
-        models = [(scores[0].model, baseline), *((f"grpo round {r.index}", r.result) for r in rounds)]
-        every = [*(scores_of or {}).items(), *((f"grpo round {r.index}", r.suites) for r in rounds)]
+        scores += [ScoreRow.of(f"grpo round {r.index}", r.result) for r in new]
+        models = [(scores[0].model, baseline), *((f"grpo round {r.index}", r.result) for r in new)]
+        every = [*(scores_of or {}).items(), *((f"grpo round {r.index}", r.suites) for r in new)]
         suites = [
             SuiteTable.of(name, [(model, by_suite[name]) for model, by_suite in every if name in by_suite],
                           (suite_seconds or {}).get(name, 0.0))
@@ -209,6 +220,7 @@ class Summary(BaseModel):
             precision="; ".join(dict.fromkeys(r.policy.precision for r in rounds if r.policy.precision)),
             rollouts="; ".join(dict.fromkeys(r.policy.rollouts for r in rounds if r.policy.rollouts)),
             rehearsal=cfg.rehearsal,
+            stopped=stopped,
         )
 
     @property
@@ -275,6 +287,8 @@ class Summary(BaseModel):
                 "|---|---:|---|",
                 *(row.shown() for row in self.rounds),
             ]
+        if self.stopped:
+            lines += ["", f"Rounds: {self.stopped}."]
         if self.difficulty_filters:
             lines += ["", *(f"Difficulty filter before {f.label}: {f.describe()}." for f in self.difficulty_filters)]
         if self.health:

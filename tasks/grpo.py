@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
 
 from grpo_pipeline.configs.algorithm import PolicyLossConfig, vllm_corrections_set
 from grpo_pipeline.configs.schema import (
     CORRECTNESS,
+    UNKEYED,
     ConfigError,
     GRPOStageConfig,
     ModelConfig,
@@ -39,6 +41,8 @@ from grpo_pipeline.tasks.training.vllm_rollouts import prepare_vllm_rollouts, ro
 if TYPE_CHECKING:  # the training libraries load when a round runs, not when a cached run imports the flow
     from transformers import PreTrainedTokenizerBase, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
+
+    from grpo_pipeline.tasks.training.probe import HeldOutAccuracyProbe
 
 
 def trl_grpo_args(
@@ -87,8 +91,33 @@ def trl_grpo_args(
     )
 
 
+class GRPORound(BaseModel):
+    """Everything one GRPO round trains from, as one typed value: the pipeline builds it once and every path passes it
+    whole (in process, to launched processes through a job file, and to the `grpo-train` deployment on a work pool as
+    its flow parameter), so an input added here reaches every path or fails validation on it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    start: Checkpoint = Field(description="The policy the round starts from; TRL's reference model is built from it.")
+    train: Ref = Field(description="The prompts it trains on: the training split, or the difficulty filter's rows.")
+    cfg: GRPOStageConfig = Field(description="The grpo: section.")
+    model_cfg: ModelConfig = Field(description="The model: section (LoRA adapters, precision).")
+    round_index: int = Field(ge=1, description="1 for the first round; seeds the round and names its outputs.")
+    ctx: RunContext = Field(description="The run: its directory, seed, MLflow experiment and process count.")
+    held_out: Ref | None = Field(
+        default=None, description="The probe split: its first cfg.probe_problems rows are probed during the round."
+    )
+    correctness_reward: RewardSpec = Field(
+        default=CORRECTNESS, description="What the probe scores by (eval.correctness_reward)."
+    )
+    monitors: MonitorsConfig = Field(default_factory=MonitorsConfig, description="The training-health alarms.")
+    # where the user's modules live: it tells a worker elsewhere where to import them from, and changes no result
+    code_dir: str | None = Field(default=None, json_schema_extra=UNKEYED, description="The recipe's directory.")
+
+
 def _rewards_code(params: Mapping[str, Any]) -> dict[str, str]:
-    return user_code([*(r.name for r in params["cfg"].rewards), params["correctness_reward"].name])
+    spec: GRPORound = params["spec"]
+    return user_code([*(r.name for r in spec.cfg.rewards), spec.correctness_reward.name])
 
 
 def round_callbacks(
@@ -142,47 +171,40 @@ def round_name(round_index: int) -> str:
     return f"grpo-round{round_index}"
 
 
-# `code_dir` (where the user's modules live) only tells a worker elsewhere where to import them from.
-@stage("grpo-round{round_index}", unkeyed=("code_dir",), external=_rewards_code)
+@stage("grpo-round{spec.round_index}", external=_rewards_code)
 @launched
-def grpo_train(
-    start: Checkpoint,
-    train: Ref,
-    cfg: GRPOStageConfig,
-    model_cfg: ModelConfig,
-    round_index: int,
-    ctx: RunContext,
-    held_out: Ref | None = None,
-    correctness_reward: RewardSpec = CORRECTNESS,
-    code_dir: str | None = None,
-    monitors: MonitorsConfig | None = None,
-    *,
-    out: Path,
-) -> Checkpoint:
-    """One GRPO round from `start`: the policy checkpoint, with its MLflow run id and the round's health alarms.
+def grpo_train(spec: GRPORound, *, out: Path) -> Checkpoint:
+    """One GRPO round from `spec.start`: the policy checkpoint, with its MLflow run id and the round's health alarms.
 
-    With `held_out` (the probe split), greedy accuracy on its first `cfg.probe_problems` rows is logged during
-    training, and with `cfg.keep: best_probe` the round returns its best-probed step. `monitors`
-    (default: MonitorsConfig()) sets the health alarms (tasks/training/health.py); with `monitors.fail_fast` the
-    first alarm stops the round with TrainingHealthError.
+    With `spec.held_out` (the probe split), greedy accuracy on its first `cfg.probe_problems` rows is logged during
+    training, and with `cfg.keep: best_probe` the round returns its best-probed step. `spec.monitors` sets the health
+    alarms (tasks/training/health.py); with `monitors.fail_fast` the first alarm stops the round with
+    TrainingHealthError.
     """
     from trl import GRPOTrainer
 
-    monitors = monitors or MonitorsConfig()
+    start, cfg, ctx, monitors, round_index = spec.start, spec.cfg, spec.ctx, spec.monitors, spec.round_index
+    correctness_reward = spec.correctness_reward
     stage_name = round_name(round_index)
     reward_fns, weights = build_rewards(cfg.rewards)
     health = round_health(cfg, monitors, stage_name, weights, correctness_reward)
     if monitors.enabled:
         reward_fns = health.wrap_rewards(reward_fns)  # records each step's rewards for the zero-spread reading
-    dataset = load_split(train.require())
+    dataset = load_split(spec.train.require())
     dataset = dataset.remove_columns([c for c in dataset.column_names if c == "completion"])  # SFT's target
     watch = health if monitors.enabled else None
     objective: dict[str, Any] = {}  # what TRL's trainer runs with, read back from it: the round's meta records it
     # filled in during training, saved after it
     meta = {"round": round_index, "alarms": health.alarms, "notes": health.notes, "objective": objective}
 
+    probes: list[HeldOutAccuracyProbe] = []  # the round's probe, read after training: what the round returned
+
     def build(common: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> GRPOTrainer:
+        from grpo_pipeline.tasks.training.probe import HeldOutAccuracyProbe
+
         args = trl_grpo_args(cfg, common, weights, ctx.num_processes)
+        callbacks = round_callbacks(cfg, tokenizer, spec.held_out, correctness_reward, watch, health.notes)
+        probes.extend(c for c in callbacks if isinstance(c, HeldOutAccuracyProbe))
         prepare_vllm_rollouts(args.use_vllm and args.vllm_mode == "colocate")
         meta["rollouts"] = rollout_engine(args.use_vllm, args.vllm_mode)
         trainer = GRPOTrainer(
@@ -191,16 +213,18 @@ def grpo_train(
             args=args,
             train_dataset=conversational_dataset(dataset, tokenizer, start.path),
             processing_class=tokenizer,
-            callbacks=round_callbacks(cfg, tokenizer, held_out, correctness_reward, watch, health.notes),
-            **adapter_args(model_cfg),
+            callbacks=callbacks,
+            **adapter_args(spec.model_cfg),
         )
         objective.update({name: getattr(trainer.args, name) for name in PolicyLossConfig.model_fields})
         return trainer
 
     policy = train_policy(
-        start, ctx, model_cfg, stage=stage_name, seed=ctx.seed + round_index, out=out,
-        tags={"stage": "grpo", "round": str(round_index), "data_fingerprint": train.fingerprint},
+        start, ctx, spec.model_cfg, stage=stage_name, seed=ctx.seed + round_index, out=out,
+        tags={"stage": "grpo", "round": str(round_index), "data_fingerprint": spec.train.fingerprint},
         build=build, save_every_steps=cfg.save_every_steps, keep_checkpoints=cfg.keep_checkpoints, meta=meta,
     )  # fmt: skip
     outcome = {"alarms": tuple(health.alarms), "notes": tuple(health.notes), "rollouts": meta.get("rollouts", "")}
+    if probes:
+        outcome.update(kept_start=probes[0].kept_start, probe_accuracy=probes[0].kept_accuracy)
     return policy.model_copy(update=outcome)

@@ -150,14 +150,16 @@ def base(tmp_path_factory):
 @pytest.mark.integration
 @pytest.mark.parametrize("run", list(RUNS))
 def test_a_micro_round_trains_with_the_option(base, run, caplog):
-    from grpo_pipeline.tasks.grpo import grpo_train
+    from grpo_pipeline.tasks.grpo import GRPORound, grpo_train
 
     run_dir, train, start = base
     overrides, metric = RUNS[run]
     cfg = load_config(None, [*MICRO, f"run_dir={run_dir}", *overrides])
     ctx = RunContext(run_dir=str(run_dir), experiment="algorithms", recipe=run, seed=0)
     with caplog.at_level(logging.WARNING):
-        policy = grpo_train(start, train, cfg.grpo, cfg.model, 1, ctx, monitors=None)
+        policy = grpo_train(
+            GRPORound(start=start, train=train, cfg=cfg.grpo, model_cfg=cfg.model, round_index=1, ctx=ctx)
+        )
     received = json.loads((Path(policy.path) / "meta.json").read_text())["objective"]
     for override in overrides:
         name = override.split("=")[0].removeprefix("grpo.")

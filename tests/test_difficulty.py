@@ -38,7 +38,7 @@ from grpo_pipeline.tasks.difficulty import (
     filters_round,
     keep_mask,
 )
-from grpo_pipeline.tasks.grpo import grpo_train
+from grpo_pipeline.tasks.grpo import GRPORound, grpo_train
 from grpo_pipeline.tasks.model import prepare_base_model
 from tests.helpers import ROOT, cli_env, micro_overrides, run_cli
 
@@ -117,10 +117,9 @@ def test_switching_the_filter_on_for_later_rounds_keeps_round_one_cached() -> No
     def round_one_key(overrides: list[str]) -> str:
         cfg = load_config(ROOT / "configs/tiny-arith.yaml", ["run_dir=/tmp/runs", *overrides])
         start, train = Checkpoint(path="sft", fingerprint="sft"), Ref(path="train", fingerprint="train")
-        params = {"start": start, "train": train, "cfg": cfg.grpo, "model_cfg": cfg.model,
-                  "round_index": 1, "ctx": RunContext.of(cfg), "held_out": None,
-                  "correctness_reward": RewardSpec(name="correctness"), "code_dir": None}  # fmt: skip
-        return grpo_train.stage.key(params)
+        spec = GRPORound(start=start, train=train, cfg=cfg.grpo, model_cfg=cfg.model, round_index=1,
+                         ctx=RunContext.of(cfg), correctness_reward=RewardSpec(name="correctness"))  # fmt: skip
+        return grpo_train.stage.key({"spec": spec})
 
     base = round_one_key([])
     assert round_one_key(["grpo.difficulty_filter.enabled=true", "grpo.difficulty_filter.max_prompts=100"]) == base

@@ -11,10 +11,11 @@ import pytest
 
 from grpo_pipeline.configs.schema import ConfigError, load_config
 from grpo_pipeline.runtime import add_import_paths
+from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.core.launch import launch_command
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.data import prepare_data
-from grpo_pipeline.tasks.grpo import grpo_train
+from grpo_pipeline.tasks.grpo import GRPORound, grpo_train
 from grpo_pipeline.tasks.model import prepare_base_model
 from tests.helpers import ROOT
 
@@ -59,7 +60,11 @@ def test_grpo_trains_in_two_processes(tmp_path: Path) -> None:
     )
     data = prepare_data(cfg.data, cfg.run_dir)
     base = prepare_base_model(cfg.model, cfg.run_dir, cfg.seed)
-    policy = grpo_train(base, data.train, cfg.grpo, cfg.model, 1, RunContext.of(cfg))
+    policy = grpo_train(
+        GRPORound(
+            start=base, train=data.train, cfg=cfg.grpo, model_cfg=cfg.model, round_index=1, ctx=RunContext.of(cfg)
+        )
+    )
 
     meta = json.loads((Path(policy.path) / "meta.json").read_text())
     assert meta["processes"] == 2 and meta["steps"] == STEPS
@@ -141,7 +146,16 @@ def test_two_processes_whose_probes_disagree_stop_and_keep_alike(tmp_path: Path)
     )
     data = prepare_data(cfg.data, cfg.run_dir)
     base = prepare_base_model(cfg.model, cfg.run_dir, cfg.seed)
-    policy = grpo_train(base, data.train, cfg.grpo, cfg.model, 1, RunContext.of(cfg), held_out=data.probe)
+    spec = GRPORound(
+        start=base,
+        train=data.train,
+        cfg=cfg.grpo,
+        model_cfg=cfg.model,
+        round_index=1,
+        ctx=RunContext.of(cfg),
+        held_out=data.probe,
+    )
+    policy = grpo_train(spec)
 
     decided = [json.loads((tmp_path / f"decided-by-rank{rank}.json").read_text()) for rank in (0, 1)]
     assert decided[0] == decided[1]  # the same end, the same kept step, the same notes
@@ -162,11 +176,12 @@ def test_a_launched_process_rebuilds_the_config_as_it_was_written(tmp_path: Path
     from grpo_pipeline.tasks.core.launch import job_params
 
     cfg = load_config(None, ["grpo.use_vllm=false", "grpo.learning_rate=3e-4"])
-    params = json.loads(json.dumps(job_params({"cfg": cfg.grpo, "round_index": 2, "ctx": RunContext.of(cfg)})))
+    start, train = Checkpoint(path="sft", fingerprint="sft"), Ref(path="train", fingerprint="train")
+    spec = GRPORound(start=start, train=train, cfg=cfg.grpo, model_cfg=cfg.model, round_index=2, ctx=RunContext.of(cfg))
+    params = json.loads(json.dumps(job_params({"spec": spec})))
     hints = typing.get_type_hints(inspect.unwrap(grpo_train))
-    rebuilt = {name: TypeAdapter(hints[name]).validate_python(value) for name, value in params.items()}
-    assert rebuilt["cfg"] == cfg.grpo and rebuilt["cfg"].model_fields_set == cfg.grpo.model_fields_set
-    assert rebuilt["ctx"] == RunContext.of(cfg) and rebuilt["round_index"] == 2
+    rebuilt = {name: TypeAdapter(hints[name]).validate_python(value) for name, value in params.items()}["spec"]
+    assert rebuilt == spec and rebuilt.cfg.model_fields_set == cfg.grpo.model_fields_set
 
 
 def test_batches_must_split_across_processes() -> None:

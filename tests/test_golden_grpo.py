@@ -61,7 +61,7 @@ def run_tiny_grpo(run_dir: Path) -> dict[str, list[float]]:
     from grpo_pipeline.configs.schema import load_config
     from grpo_pipeline.tasks.core.stage import RunContext
     from grpo_pipeline.tasks.data import prepare_data
-    from grpo_pipeline.tasks.grpo import grpo_train
+    from grpo_pipeline.tasks.grpo import GRPORound, grpo_train
     from grpo_pipeline.tasks.model import prepare_base_model
     from grpo_pipeline.tasks.sft import sft_warmup
 
@@ -73,7 +73,9 @@ def run_tiny_grpo(run_dir: Path) -> dict[str, list[float]]:
         base = prepare_base_model(cfg.model, cfg.run_dir, cfg.seed)
         ctx = RunContext(run_dir=cfg.run_dir, experiment="golden", recipe="golden", seed=cfg.seed)
         sft = sft_warmup(base, data.train, cfg.sft, cfg.model, ctx)
-        policy = grpo_train(sft, data.train, cfg.grpo, cfg.model, 1, ctx)
+        policy = grpo_train(
+            GRPORound(start=sft, train=data.train, cfg=cfg.grpo, model_cfg=cfg.model, round_index=1, ctx=ctx)
+        )
     finally:
         torch.set_num_threads(threads)
     client = mlflow.MlflowClient()

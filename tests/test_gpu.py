@@ -88,7 +88,7 @@ def train_and_report(model_dir: str, run_dir: str, overrides: list[str], report:
     from grpo_pipeline.runtime import setup
     from grpo_pipeline.tasks.core.stage import RunContext
     from grpo_pipeline.tasks.data import prepare_data
-    from grpo_pipeline.tasks.grpo import grpo_train
+    from grpo_pipeline.tasks.grpo import GRPORound, grpo_train
     from grpo_pipeline.tasks.model import prepare_base_model
 
     cfg = load_config(
@@ -116,7 +116,11 @@ def train_and_report(model_dir: str, run_dir: str, overrides: list[str], report:
     setup(cfg)
     data = prepare_data(cfg.data, cfg.run_dir)
     base = prepare_base_model(cfg.model, cfg.run_dir, cfg.seed)
-    policy = grpo_train(base, data.train, cfg.grpo, cfg.model, 1, RunContext.of(cfg))
+    policy = grpo_train(
+        GRPORound(
+            start=base, train=data.train, cfg=cfg.grpo, model_cfg=cfg.model, round_index=1, ctx=RunContext.of(cfg)
+        )
+    )
     client = mlflow.MlflowClient()
 
     def history(key: str) -> list[float]:

@@ -233,7 +233,7 @@ def test_stagnation_window_must_exceed_the_start_window():
 
 def test_monitor_settings_key_the_round_and_allow_unhealthy_keys_registration():
     """A round's alarms are part of its result, so its thresholds are part of its key (README's rerun table)."""
-    from grpo_pipeline.tasks.grpo import grpo_train
+    from grpo_pipeline.tasks.grpo import GRPORound, grpo_train
     from grpo_pipeline.tasks.register import register_policy
 
     cfg = load_config(None, [])
@@ -246,7 +246,12 @@ def test_monitor_settings_key_the_round_and_allow_unhealthy_keys_registration():
         return fn.stage.key(params.arguments)
 
     def round_key(monitors: MonitorsConfig) -> str:
-        return key(grpo_train, start, train, cfg.grpo, cfg.model, 1, ctx, monitors=monitors)
+        return key(
+            grpo_train,
+            GRPORound(
+                start=start, train=train, cfg=cfg.grpo, model_cfg=cfg.model, round_index=1, ctx=ctx, monitors=monitors
+            ),
+        )
 
     assert round_key(cfg.monitors) == round_key(MonitorsConfig())
     assert round_key(cfg.monitors) != round_key(MonitorsConfig(kl_max=0.5))
@@ -417,19 +422,14 @@ def tiny(tmp_path_factory):
 def train_round(
     tiny: Tiny, start: Checkpoint, overrides: list[str], monitors: MonitorsConfig, correctness: str = "correctness"
 ) -> Checkpoint:
-    from grpo_pipeline.tasks.grpo import grpo_train
+    from grpo_pipeline.tasks.grpo import GRPORound, grpo_train
 
     cfg = load_config(None, [*TINY, f"run_dir={tiny.run_dir}", *overrides])
-    return grpo_train(
-        start,
-        tiny.train,
-        cfg.grpo,
-        cfg.model,
-        1,
-        tiny.ctx,
-        correctness_reward=RewardSpec(name=correctness),
-        monitors=monitors,
-    )
+    spec = GRPORound(
+        start=start, train=tiny.train, cfg=cfg.grpo, model_cfg=cfg.model, round_index=1, ctx=tiny.ctx,
+        correctness_reward=RewardSpec(name=correctness), monitors=monitors,
+    )  # fmt: skip
+    return grpo_train(spec)
 
 
 def run_of(policy: Checkpoint) -> mlflow.entities.Run:

@@ -87,12 +87,14 @@ def taught(tmp_path_factory):
 
 
 def train_round(taught: Taught, *overrides: str) -> Checkpoint:
-    from grpo_pipeline.tasks.grpo import grpo_train
+    from grpo_pipeline.tasks.grpo import GRPORound, grpo_train
 
     cfg = load_config(None, [*TINY, f"run_dir={taught.run_dir}", *overrides])
-    return grpo_train(
-        taught.sft, taught.train, cfg.grpo, cfg.model, 1, taught.ctx, held_out=taught.probe, monitors=None
-    )
+    spec = GRPORound(
+        start=taught.sft, train=taught.train, cfg=cfg.grpo, model_cfg=cfg.model, round_index=1, ctx=taught.ctx,
+        held_out=taught.probe,
+    )  # fmt: skip
+    return grpo_train(spec)
 
 
 def probe_accuracy(policy: Checkpoint, probe: Ref) -> float:

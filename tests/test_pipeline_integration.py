@@ -87,6 +87,14 @@ def reruns(micro_run: MicroRun, prefect_api: str) -> dict[str, Rerun]:
         "refresh": ("grpo.learning_rate=2e-4", "--refresh"),
         # a model of its own (the later registry.model_name wins over run_pipeline's), from the cached SFT policy
         "rounds": ("registry.model_name=micro-rounds", "grpo.rounds=2", "grpo.beta=0.04"),
+        # rounds that must beat their start by half the confirming probe rows: round 1 returns its start
+        "returned-start": (
+            "registry.model_name=micro-kept",
+            "grpo.rounds=3",
+            "grpo.keep=best_probe",
+            "grpo.keep_over_start=true",
+            "grpo.keep_margin=0.5",
+        ),
         "damaged": (),
     }
     done: dict[str, Rerun] = {}
@@ -298,6 +306,22 @@ def test_iterative_rounds_start_from_the_last_policy(reruns, micro_run: MicroRun
         assert row["value"] == pytest.approx(scores[row["model"]])
         assert row["change"] == pytest.approx(row["value"] - before["value"])
         assert row["change_ci"][0] <= row["change"] <= row["change_ci"][1] and row["n"] == 24
+
+
+def test_a_round_that_returned_its_start_is_not_registered_and_ends_the_rounds(reruns, micro_run: MicroRun):
+    """grpo.rounds is a maximum: a round that returned its start unchanged registers nothing, starts no round after
+    it, and the summary says so."""
+    rerun = reruns["returned-start"]
+    result = rerun.summary
+    stages = [s["stage"] for s in result["stages"]]
+    assert stages[-1] == "grpo-round1" and "grpo-round2" not in stages  # not evaluated again, nothing after it
+    assert result["registrations"] == []
+    assert not client_for(micro_run.store).search_model_versions("name='micro-kept'")
+    assert result["stopped"].startswith("round 1 returned its start unchanged")
+    assert "no further round started (1 of at most 3 rounds ran)" in result["stopped"]
+    assert [r["model"] for r in result["scores"]] == ["sft"]  # no scores of its own: they would be the start's
+    assert "Rounds: round 1 returned its start" in rerun.output
+    assert any(note.startswith("kept the start (step 0)") for note in result["notes"][0])
 
 
 def test_flow_runs_from_python_without_the_cli(tmp_path, prefect_api):

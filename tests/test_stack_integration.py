@@ -161,7 +161,7 @@ def test_cancelling_the_pipeline_cancels_its_grpo_child(stack: Stack) -> None:
 
     def child() -> dict | None:
         runs = [r for r in flow_runs(stack, "grpo-train") if r["state_type"] in ("RUNNING", "CANCELLING", "CANCELLED")]
-        mine = [r for r in runs if r["parameters"].get("ctx", {}).get("seed") == 7]
+        mine = [r for r in runs if r["parameters"].get("spec", {}).get("ctx", {}).get("seed") == 7]
         return mine[0] if mine else None
 
     deadline = time.monotonic() + 300
@@ -201,7 +201,9 @@ def test_a_failed_grpo_child_fails_the_pipeline_with_its_error(stack: Stack, tmp
     parent_id = next(line.split()[-1] for line in proc.stdout.splitlines() if "UUID:" in line)
     parent = api(stack, "GET", f"/flow_runs/{parent_id}")
     assert parent["state_type"] == "FAILED", parent["state"]
-    child = [r for r in flow_runs(stack, "grpo-train") if r["parameters"].get("ctx", {}).get("seed") == 11]
+    child = [
+        r for r in flow_runs(stack, "grpo-train") if r["parameters"].get("spec", {}).get("ctx", {}).get("seed") == 11
+    ]
     assert child and child[0]["state_type"] == "FAILED" and child[0]["work_pool_name"] == "gpu"
     logs = api(stack, "POST", "/logs/filter", {"logs": {"flow_run_id": {"any_": [parent_id]}}, "limit": 200})
     assert any("reward exploded during training" in log["message"] for log in logs), [log["message"] for log in logs]
@@ -245,7 +247,11 @@ def test_a_gpu_worker_that_shares_nothing_but_the_two_urls(stack: Stack, tmp_pat
     try:
         parent = run_deployment(stack, "grpo-pipeline/local", micro(stack, "grpo.work_pool=gpu", "seed=13"))
         assert parent["state_type"] == "COMPLETED", parent["state"]
-        child = [r for r in flow_runs(stack, "grpo-train") if r["parameters"].get("ctx", {}).get("seed") == 13]
+        child = [
+            r
+            for r in flow_runs(stack, "grpo-train")
+            if r["parameters"].get("spec", {}).get("ctx", {}).get("seed") == 13
+        ]
         assert child and child[0]["state_type"] == "COMPLETED", child
         assert worker.poll() is None, (tmp_path / "worker" / "worker.log").read_text()[-3000:]
         worker_log = (tmp_path / "worker" / "worker.log").read_text()

@@ -19,7 +19,7 @@ from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.core.stage import RunContext, code_version, module_closure, user_code
 from grpo_pipeline.tasks.data import DatasetRefs, prepare_data
 from grpo_pipeline.tasks.evaluate import evaluate
-from grpo_pipeline.tasks.grpo import grpo_train
+from grpo_pipeline.tasks.grpo import GRPORound, grpo_train
 from grpo_pipeline.tasks.model import prepare_base_model
 from grpo_pipeline.tasks.register import register_policy
 from grpo_pipeline.tasks.scoring.evaluation import EvalResult
@@ -67,14 +67,16 @@ def stage_keys(overrides: list[str], run_dir: str = "/tmp/runs") -> dict[str, st
         fingerprint=key(
             "grpo-r1",
             grpo_train,
-            sft,
-            data.train,
-            cfg.grpo,
-            cfg.model,
-            1,
-            ctx,
-            held_out=data.eval,
-            correctness_reward=cfg.eval.correctness_reward,
+            GRPORound(
+                start=sft,
+                train=data.train,
+                cfg=cfg.grpo,
+                model_cfg=cfg.model,
+                round_index=1,
+                ctx=ctx,
+                held_out=data.eval,
+                correctness_reward=cfg.eval.correctness_reward,
+            ),
         ),
         run_id="run",
     )

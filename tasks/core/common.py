@@ -114,6 +114,11 @@ class Checkpoint(Ref):
     # What generated a GRPO round's rollouts, e.g. "vLLM colocated" or "transformers generate"
     # (tasks/training/vllm_rollouts.py); empty for a model no GRPO round trained.
     rollouts: str = ""
+    # A GRPO round that returned its start unchanged (grpo.keep_over_start found no step that beats it): the flow
+    # registers nothing for it and starts no further round.
+    kept_start: bool = False
+    # The held-out probe's greedy accuracy of what a GRPO round returned (None without a probe); 1.0 is saturation.
+    probe_accuracy: float | None = None
 
     @property
     def on_hub(self) -> bool:

@@ -31,7 +31,7 @@ from pydantic_core import to_jsonable_python
 
 from grpo_pipeline.configs.schema import ConfigError
 from grpo_pipeline.tasks.core.common import Checkpoint, logger
-from grpo_pipeline.tasks.core.stage import RunContext
+from grpo_pipeline.tasks.core.stage import RunContext, context_of
 
 RESULT_ENV = "GRPO_PIPELINE_LAUNCH_RESULT"
 LAUNCH_ID_ENV = "GRPO_PIPELINE_LAUNCH_ID"  # one per launch: names what its processes write together
@@ -52,7 +52,7 @@ def launched(fn: Callable[..., Checkpoint]) -> Callable[..., Checkpoint]:
 
     @functools.wraps(fn)
     def run(**params: Any) -> Checkpoint:
-        ctx: RunContext = params["ctx"]
+        ctx = context_of(params)
         if ctx.num_processes <= 1 or in_launched_process():
             return fn(**params)
         return launch(fn, {k: v for k, v in params.items() if k != "out"}, ctx)

@@ -225,6 +225,12 @@ def user_code_fingerprint(dotted: str) -> str:
 # ----------------------------------------------------------------------------- the stage decorator
 
 
+def context_of(params: Mapping[str, Any]) -> RunContext:
+    """The run a stage belongs to: its `ctx` argument, or that of the one typed spec it takes instead (`spec`, e.g.
+    a GRPO round's `GRPORound`)."""
+    return params["ctx"] if "ctx" in params else params["spec"].ctx
+
+
 @dataclass(frozen=True)
 class StageSpec:
     """How one stage is keyed: its name, output folder (a format string over its arguments), the arguments left
@@ -243,7 +249,7 @@ class StageSpec:
         )
 
     def out_dir(self, params: Mapping[str, Any]) -> Path:
-        run_dir = params["ctx"].run_dir if "ctx" in params else params["run_dir"]
+        run_dir = params["run_dir"] if "run_dir" in params else context_of(params).run_dir
         return Path(run_dir) / self.folder.format(**params) / self.key(params)[:12]
 
     def cache_key(self, context: Any, params: Mapping[str, Any]) -> str:

@@ -130,6 +130,8 @@ class HeldOutAccuracyProbe(TrainerCallback):
         self.history: list[tuple[int, float]] = []
         self.best: tuple[int, float] | None = None  # (step, score on the choosing rows) of the candidate
         self.kept_step: int | None = None
+        self.kept_start = False  # with keep_over_start: the round returned its start, unchanged
+        self.kept_accuracy: float | None = None  # the probe accuracy of what the round returns
         self.notes: list[str] = [] if notes is None else notes  # appended to: a caller may share its list
         self._candidate: Probed | None = None
         self._start: Probed | None = None  # the round's start (on a resumed attempt: as saved when it began)
@@ -212,6 +214,7 @@ class HeldOutAccuracyProbe(TrainerCallback):
         if not self.history or self.history[-1][0] != step:
             self._measure(step, model)
         if not self.keep_best or self._candidate is None:
+            self.kept_accuracy = self.history[-1][1]
             return
         if self._early_stop_at is not None:
             self.notes.append(
@@ -221,7 +224,8 @@ class HeldOutAccuracyProbe(TrainerCallback):
         kept, note = self._decide(step)
         if kept.step != step:
             restore(model, kept.weights)
-        self.kept_step = kept.step
+        self.kept_step, self.kept_accuracy = kept.step, accuracy(kept.items)
+        self.kept_start = kept is self._start
         self.notes.append(note)
         logger.info("%s", note)
         self._candidate = self._start = None
