@@ -133,7 +133,7 @@ def source_roots() -> set[Path]:
     from importlib.util import find_spec
 
     roots = set()
-    for name in ("configs", "flows", "tasks", "rewards"):
+    for name in ("configs", "flows", "tasks", "rewards", "agents"):
         spec = find_spec(f"grpo_pipeline.{name}")  # the subpackage's location, without importing it
         for location in (spec.submodule_search_locations or []) if spec else []:
             roots.add(Path(location).resolve().parent)

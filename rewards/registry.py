@@ -130,7 +130,7 @@ def _project_folder(module_name: str) -> str | None:
     from grpo_pipeline.runtime import source_roots
 
     top = module_name.partition(".")[0]
-    if top not in ("configs", "flows", "tasks", "rewards") or top in sys.modules:
+    if top not in ("configs", "flows", "tasks", "rewards", "agents") or top in sys.modules:
         return None
     spec = importlib.util.find_spec(top)
     locations = (spec.submodule_search_locations or []) if spec else []

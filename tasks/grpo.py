@@ -52,6 +52,8 @@ def trl_grpo_args(
     stays global, each of `num_processes` processes taking its share of the step's completions."""
     from trl import GRPOConfig
 
+    from grpo_pipeline.agents.trainer_args import agent_args
+
     use_vllm = vllm_available() if cfg.use_vllm == "auto" else bool(cfg.use_vllm)
     if cfg.vllm_mode == "server" and not use_vllm:
         logger.warning(
@@ -88,6 +90,8 @@ def trl_grpo_args(
         # Log a NaN/inf loss as it is (transformers would replace it by the running mean), so that the training-health
         # monitor (tasks/training/health.py) sees it.
         logging_nan_inf_filter=False,
+        # tool use: the turn limit (docs/agents.md); nothing without grpo.tools or grpo.environment
+        **agent_args(cfg),
     )
 
 
@@ -116,8 +120,11 @@ class GRPORound(BaseModel):
 
 
 def _rewards_code(params: Mapping[str, Any]) -> dict[str, str]:
+    """The user's code the round runs: its rewards' modules and its tools' and environment's (agents/)."""
+    from grpo_pipeline.agents.trainer_args import tool_code  # transformers loads when a key needs tools
+
     spec: GRPORound = params["spec"]
-    return user_code([*(r.name for r in spec.cfg.rewards), spec.correctness_reward.name])
+    return user_code([*(r.name for r in spec.cfg.rewards), spec.correctness_reward.name]) | tool_code(spec.cfg)
 
 
 def round_callbacks(
@@ -200,6 +207,7 @@ def grpo_train(spec: GRPORound, *, out: Path) -> Checkpoint:
     probes: list[HeldOutAccuracyProbe] = []  # the round's probe, read after training: what the round returned
 
     def build(common: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> GRPOTrainer:
+        from grpo_pipeline.agents.trainer_args import trainer_agent_kwargs
         from grpo_pipeline.tasks.training.probe import HeldOutAccuracyProbe
 
         args = trl_grpo_args(cfg, common, weights, ctx.num_processes)
@@ -215,6 +223,7 @@ def grpo_train(spec: GRPORound, *, out: Path) -> Checkpoint:
             processing_class=tokenizer,
             callbacks=callbacks,
             **adapter_args(spec.model_cfg),
+            **trainer_agent_kwargs(cfg, tokenizer),
         )
         objective.update({name: getattr(trainer.args, name) for name in PolicyLossConfig.model_fields})
         return trainer

@@ -65,7 +65,7 @@ def _raise(what: str, problems: Sequence[str]) -> None:
 
 def check_config(cfg: PipelineConfig) -> None:
     """Raise PreflightError naming every problem the config has on this machine: run dir, rewards, base model path,
-    local data paths.
+    local data paths, tools and environment (grpo.tools, grpo.environment).
 
     Needs the user's import paths in place (`runtime.setup(cfg)`) so that dotted-path rewards import as in training.
     """
@@ -87,6 +87,10 @@ def check_config(cfg: PipelineConfig) -> None:
 
     problems += [p for p in (model_problem(cfg.model.base), None if data_problems else dataset_problem(cfg.data)) if p]
     problems += suite_problems(cfg)
+    if cfg.grpo.tools or cfg.grpo.environment:  # the check loads transformers: only for a recipe with tools
+        from grpo_pipeline.agents.trainer_args import check_agent_config
+
+        problems += check_agent_config(cfg.grpo)
     _raise("the config cannot run here", problems)
 
 

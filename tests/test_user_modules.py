@@ -31,7 +31,7 @@ import json
 import os
 
 found = {}
-for name in ("configs", "flows", "tasks", "rewards"):
+for name in ("configs", "flows", "tasks", "rewards", "agents"):
     spec = importlib.util.find_spec(name)
     found[name] = spec.origin if spec else None
 with open(os.environ["IMPORT_PROBE_OUT"], "w") as fh:
@@ -77,7 +77,7 @@ def test_the_design_folders_do_not_import_by_bare_name_in_the_cli(tmp_path, laun
     found = tmp_path / "found.json"
     proc = score(tmp_path, launcher, "import_probe:reward", IMPORT_PROBE_OUT=str(found))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert json.loads(found.read_text()) == {"configs": None, "flows": None, "tasks": None, "rewards": None}
+    assert json.loads(found.read_text()) == dict.fromkeys(("configs", "flows", "tasks", "rewards", "agents"))
 
 
 def test_a_dotted_path_into_a_design_folder_is_refused_without_importing_it(monkeypatch):

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from grpo_pipeline.configs.schema import UNKEYED, PipelineConfig, section_hash
 
 PACKAGE = "grpo_pipeline"
-SUBPACKAGES = ("configs", "flows", "tasks", "rewards")
+SUBPACKAGES = ("configs", "flows", "tasks", "rewards", "agents")
 # The libraries whose version changes what a stage computes.
 LIBRARIES = ("torch", "transformers", "trl", "tokenizers", "datasets", "accelerate", "math-verify", "peft")
 
