@@ -39,7 +39,7 @@ from grpo_pipeline.tasks.core.stage import RunContext  # noqa: E402
 from grpo_pipeline.tasks.data import prepare_data  # noqa: E402
 from grpo_pipeline.tasks.difficulty import DifficultyResult, Rollouts, filter_by_difficulty  # noqa: E402
 from grpo_pipeline.tasks.evaluate import evaluate  # noqa: E402
-from grpo_pipeline.tasks.grpo import grpo_train  # noqa: E402
+from grpo_pipeline.tasks.grpo import GRPORound, grpo_train  # noqa: E402
 from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, EvalResult  # noqa: E402
 from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci  # noqa: E402
 
@@ -98,7 +98,9 @@ def stage_seed(cfg: PipelineConfig, run_dir: Path, seed: int) -> dict:
 
     def round_two(split: Ref, label: str) -> tuple[EvalResult, float]:
         start = time.perf_counter()
-        policy = grpo_train(r1, split, cfg.grpo, cfg.model, 2, ctx, held_out, cfg.eval.correctness_reward)
+        spec = GRPORound(start=r1, train=split, cfg=cfg.grpo, model_cfg=cfg.model, round_index=2, ctx=ctx,
+                         held_out=held_out, correctness_reward=cfg.eval.correctness_reward)  # fmt: skip
+        policy = grpo_train(spec)
         seconds = time.perf_counter() - start
         return evaluate(policy, held_out, cfg.eval, ctx, label=label, rewards=cfg.grpo.rewards), seconds
 

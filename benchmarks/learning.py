@@ -38,7 +38,7 @@ from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci  # noqa: E40
 from grpo_pipeline.tasks.sources.synthetic import function_family, needs_carry  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-from seeds import parse_seeds, report, run_seeds  # noqa: E402
+from seeds import parse_seeds, plot, report, run_seeds  # noqa: E402
 
 RECORD = "benchmark-record.json"
 CODE_REWARDS = ("code_tests",)  # rewards that run programs in the sandbox (rewards/code.py)
@@ -119,18 +119,24 @@ def sandbox_share(run_dir: Path, run_id: str, rewards: list[str]) -> tuple[float
 
 
 def seed_figures(run_dir: Path, record: dict) -> dict:
-    """One seed's figures: SFT and last-round greedy accuracy, the gain and the last round's change (paired CIs)."""
-    cfg = load_config(record["config"], [f"run_dir={run_dir}", *record["overrides"]])
-    rounds = [details(run_dir, f"r{r}")["greedy_correct"] for r in range(1, cfg.grpo.rounds + 1)]
-    before = details(run_dir, "sft")["greedy_correct"]
-    change = paired_bootstrap_ci(rounds[-2], rounds[-1], n_boot=10_000, seed=0) if len(rounds) > 1 else None
+    """One seed's figures, from its run summary: the gating metric (held-out greedy accuracy) of SFT and of every
+    round that produced a new policy, each round's change against the model before it and the last one's change
+    against SFT (paired bootstrap 95% CIs over the same problems), how many rounds ran and why they stopped."""
+    summary = record["summary"]
+    rows = summary["rounds"]  # SFT, then each round that produced a new policy
+    before, after = details(run_dir, "sft")["greedy_correct"], rows[-1]
+    last = "sft" if after["model"] == "sft" else f"r{after['model'].rsplit(' ', 1)[-1]}"
+    gain = paired_bootstrap_ci(before, details(run_dir, last)["greedy_correct"], n_boot=10_000, seed=0)
     return {
-        "sft": sum(before) / len(before),
-        "grpo": sum(rounds[-1]) / len(rounds[-1]),
-        "gain": paired_bootstrap_ci(before, rounds[-1], n_boot=10_000, seed=0),
-        "round_change": change,
+        "sft": rows[0]["value"],
+        "grpo": after["value"],
+        "gain": gain,
+        # (round, value, (change, low, high)) of each round that produced a new policy
+        "rounds": [(r["model"].rsplit(" ", 1)[-1], r["value"], (r["change"], *r["change_ci"])) for r in rows[1:]],
+        "ran": len(summary.get("notes", [])),
+        "stopped": summary.get("stopped", ""),
         "total_s": record["total_s"],
-        "warning": record["summary"].get("sft_warning"),
+        "warning": summary.get("sft_warning"),
     }
 
 
@@ -147,6 +153,7 @@ def main() -> None:
     parser.add_argument("--reuse", action="store_true", help="Analyse the finished run in --run-dir; do not train.")
     parser.add_argument("--seeds", help="Run once per seed (e.g. 0-5 or 0,2,4) and report over seeds.")
     parser.add_argument("--jobs", type=int, default=1, help="With --seeds: seeds run at a time (one thread each).")
+    parser.add_argument("--plot", type=Path, help="With --seeds: draw accuracy per stage per seed to this PNG.")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides passed to the pipeline.")
     args = parser.parse_args()
 
@@ -160,6 +167,8 @@ def main() -> None:
             lambda d, overrides, env: run_pipeline(args.config, d, overrides, env),
             lambda d, record: seed_figures(d, record),
         )
+        if args.plot:
+            plot(rows, args.plot)
         print(report(rows))
         return
     if args.reuse:
@@ -170,9 +179,10 @@ def main() -> None:
         record = run_pipeline(args.config, run_dir, args.overrides)
     cfg = load_config(record["config"], [f"run_dir={run_dir}", *record["overrides"]])
     summary = record["summary"]
-    last_round = cfg.grpo.rounds
+    labels = ["sft", *(f"r{row['model'].rsplit(' ', 1)[-1]}" for row in summary["rounds"][1:])]
+    last = labels[-1]  # the last round that produced a new policy (grpo.rounds is a maximum)
 
-    sft, grpo = details(run_dir, "sft"), details(run_dir, f"r{last_round}")
+    sft, grpo = details(run_dir, "sft"), details(run_dir, last)
     if sft["prompts"] != grpo["prompts"]:
         raise SystemExit("the SFT and GRPO evaluations are not on the same problems; cannot pair them")
     before, after = sft["greedy_correct"], grpo["greedy_correct"]
@@ -190,14 +200,15 @@ def main() -> None:
         print(f"  {row['model']:<14} accuracy {m['accuracy']:.3f}   {passk}")
     pairs = list(zip(after, before, strict=True))
     print(
-        f"  GRPO round {last_round} - SFT: {100 * diff:+.1f} points, paired bootstrap 95% CI "
+        f"  GRPO ({last}) - SFT: {100 * diff:+.1f} points, paired bootstrap 95% CI "
         f"[{100 * low:+.1f}, {100 * high:+.1f}] (10,000 resamples); "
         f"{sum(a > b for a, b in pairs)} problems fixed, {sum(a < b for a, b in pairs)} broken"
     )
-    by_round = [details(run_dir, f"r{r}")["greedy_correct"] for r in range(1, last_round)] + [after]
-    for r in range(2, last_round + 1):  # does a later round keep what the earlier one gained?
-        d, lo, hi = paired_bootstrap_ci(by_round[r - 2], by_round[r - 1], n_boot=10_000, seed=0)
-        print(f"  GRPO round {r} - round {r - 1}: {100 * d:+.1f} points, 95% CI [{100 * lo:+.1f}, {100 * hi:+.1f}]")
+    for prev, row in zip(summary["rounds"], summary["rounds"][1:], strict=False):  # what each round added
+        d, (lo, hi) = row["change"], row["change_ci"]
+        print(f"  {row['model']} - {prev['model']}: {100 * d:+.1f} points, 95% CI [{100 * lo:+.1f}, {100 * hi:+.1f}]")
+    if summary.get("stopped"):
+        print(f"  rounds: {summary['stopped']}")
     carry = [needs_carry(p) for p in sft["prompts"]]
     if None not in carry:  # the synthetic addition task: where did the gain come from?
         for label, keep in (("needing a carry", True), ("without a carry", False)):

@@ -38,7 +38,7 @@ PLAIN_LOOP = textwrap.dedent("""
     from grpo_pipeline.runtime import setup
     from grpo_pipeline.tasks.data import prepare_data
     from grpo_pipeline.tasks.evaluate import evaluate
-    from grpo_pipeline.tasks.grpo import grpo_train
+    from grpo_pipeline.tasks.grpo import GRPORound, grpo_train
     from grpo_pipeline.tasks.model import prepare_base_model
     from grpo_pipeline.tasks.register import register_policy
     from grpo_pipeline.tasks.sft import sft_warmup
@@ -61,8 +61,9 @@ PLAIN_LOOP = textwrap.dedent("""
     policy = timed("sft_warmup", sft_warmup, policy, data.train, cfg.sft, cfg.model, ctx)
     baseline = timed("evaluate-sft", evaluate, policy, data.eval, cfg.eval, ctx, label="sft")
     for r in range(1, cfg.grpo.rounds + 1):
-        policy = timed(f"grpo-round{r}", grpo_train, policy, data.train, cfg.grpo, cfg.model, r, ctx, data.eval,
-                       cfg.eval.correctness_reward)
+        spec = GRPORound(start=policy, train=data.train, cfg=cfg.grpo, model_cfg=cfg.model, round_index=r, ctx=ctx,
+                         held_out=data.eval, correctness_reward=cfg.eval.correctness_reward)
+        policy = timed(f"grpo-round{r}", grpo_train, spec)
         result = timed(f"evaluate-r{r}", evaluate, policy, data.eval, cfg.eval, ctx, label=f"r{r}")
         timed(f"register-r{r}", register_policy, policy, result, baseline, cfg.registry, ctx, cfg.to_yaml(),
               {"round": str(r)})

@@ -107,6 +107,11 @@ class GRPOStageConfig(PolicyLossConfig):
     )
     learning_rate: float = Field(default=1e-4, gt=0, description="Peak learning rate.")
     warmup_ratio: float = Field(default=0.0, ge=0, le=1, description="Fraction of steps for linear warmup.")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field(
+        default="constant",
+        description="The learning rate over a round's steps after warmup: 'constant', or decayed to 0 by the round's "
+        "last step ('cosine', 'linear'). Every round starts again from learning_rate (warm restarts across rounds).",
+    )
     rewards: list[RewardSpec] = Field(
         default=[RewardSpec(name="correctness"), RewardSpec(name="format", weight=0.2)],
         min_length=1,

@@ -45,6 +45,7 @@ from grpo_pipeline.tasks.model import pin_registered, prepare_base_model
 from grpo_pipeline.tasks.preflight import PreflightError, check_config
 from grpo_pipeline.tasks.preflight import check_inputs as _check_inputs
 from grpo_pipeline.tasks.register import register_policy
+from grpo_pipeline.tasks.scoring.curves import ROUNDS_ARTIFACT, rounds_figure
 from grpo_pipeline.tasks.scoring.evaluation import EvalResult
 from grpo_pipeline.tasks.sft import sft_warmup as _sft_warmup
 from grpo_pipeline.tasks.sft_check import SFTNotLearnedError
@@ -396,7 +397,10 @@ class Release:
 
 
 def report(cfg: PipelineConfig, summary: Summary) -> Summary:
-    """Publish the run summary as Prefect artifacts; its headline goes to the log."""
+    """Publish the run summary as Prefect artifacts (and the rounds as a plot in MLflow); its headline goes to the
+    log."""
+    if summary.registrations and len(summary.rounds) > 1:
+        log_rounds_plot(summary)
     markdown = summary.to_markdown()
     create_markdown_artifact(markdown=markdown, key="grpo-pipeline-summary", description="Run summary")
     create_table_artifact(
@@ -406,3 +410,20 @@ def report(cfg: PipelineConfig, summary: Summary) -> Summary:
     logger.info("pipeline finished: %s (summary: artifact grpo-pipeline-summary)", summary.headline())
     logger.debug("run summary:\n%s", markdown)
     return summary
+
+
+def log_rounds_plot(summary: Summary) -> None:
+    """The rounds table as a plot, `plots/rounds.png` in the MLflow run of the last version registered: SFT, then
+    each round's gating metric. A store that refuses it costs the plot only (said in the log), never the run."""
+    import matplotlib.pyplot as plt
+    from mlflow import MlflowClient
+
+    rows, run_id = summary.rounds, summary.registrations[-1].run_id
+    title = f"{summary.recipe}: {rows[0].metric} by stage"
+    fig = rounds_figure({summary.recipe: [(row.model, row.value) for row in rows]}, rows[0].metric, title=title)
+    try:
+        MlflowClient().log_figure(run_id, fig, ROUNDS_ARTIFACT)
+    except Exception as err:  # the versions are registered; a missing plot must not fail the run
+        get_run_logger().warning("the rounds plot was not logged to MLflow run %s: %s", run_id, err)
+    finally:
+        plt.close(fig)

@@ -66,7 +66,10 @@ def trl_grpo_args(
         **common,
         max_steps=cfg.steps_per_round,
         learning_rate=cfg.learning_rate,
-        lr_scheduler_type="constant_with_warmup" if cfg.warmup_ratio else "constant",
+        # transformers' cosine and linear schedules warm up themselves; its plain constant one does not
+        lr_scheduler_type="constant_with_warmup"
+        if cfg.lr_schedule == "constant" and cfg.warmup_ratio
+        else cfg.lr_schedule,
         warmup_steps=cfg.warmup_ratio,
         # TRL counts the batch in completions: one optimizer step sees prompts_per_step groups of G completions.
         per_device_train_batch_size=cfg.prompts_per_step * cfg.generations_per_prompt // num_processes,

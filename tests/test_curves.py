@@ -3,7 +3,7 @@
 import pandas as pd
 
 from grpo_pipeline.rewards import build_reward
-from grpo_pipeline.tasks.scoring.curves import PROBE_METRIC, learning_curve_figure
+from grpo_pipeline.tasks.scoring.curves import PROBE_METRIC, learning_curve_figure, rounds_figure
 from grpo_pipeline.tasks.training.probe import greedy_accuracy
 
 
@@ -27,6 +27,22 @@ def test_learning_curve_has_every_series_and_the_sft_baseline(tmp_path):
 def test_learning_curve_without_probe_or_baseline():
     fig = learning_curve_figure({"reward": [(1, 0.1)]}, sft_accuracy=None)
     assert [line.get_label() for line in fig.axes[0].get_lines()] == ["mean sampled reward (weighted sum)"]
+
+
+def test_rounds_plot_puts_each_stage_at_its_place_and_each_series_on_its_own_line(tmp_path):
+    """A series that stopped early (seed 1: its round 2 returned its start) ends at round 1, not at round 2's place."""
+    series = {
+        "seed 0": [("SFT", 0.45), ("round 1", 0.8), ("round 2", 0.96)],
+        "seed 1": [("SFT", 0.41), ("round 1", 0.9)],
+    }
+    fig = rounds_figure(series, "accuracy")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["SFT", "round 1", "round 2"]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert list(lines["seed 0"].get_xdata()) == [0, 1, 2] and list(lines["seed 0"].get_ydata()) == [0.45, 0.8, 0.96]
+    assert list(lines["seed 1"].get_xdata()) == [0, 1] and list(lines["seed 1"].get_ydata()) == [0.41, 0.9]
+    fig.savefig(tmp_path / "rounds.png")
+    assert (tmp_path / "rounds.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 class _EchoModel:

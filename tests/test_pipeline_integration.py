@@ -298,6 +298,9 @@ def test_iterative_rounds_start_from_the_last_policy(reruns, micro_run: MicroRun
     assert client.get_run(first.tags["parent_run_id"]).data.tags["stage"] == "sft"
     assert (first.tags["round"], second.tags["round"]) == ("1", "2")
     assert "kl" in second.metrics  # the reference model took part in round 2
+    # the rounds as a plot, beside the last version's learning curve
+    plots = {a.path for a in client.list_artifacts(result["registrations"][1]["run_id"], "plots")}
+    assert {"plots/rounds.png", "plots/learning_curve.png"} <= plots
     # the rounds table: each model's gating metric and its paired change against the model before it
     rows = result["rounds"]
     assert [r["model"] for r in rows] == ["sft", "grpo round 1", "grpo round 2"]

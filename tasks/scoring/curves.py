@@ -65,3 +65,31 @@ def learning_curve_figure(
 def metric_history(client: Any, run_id: str, keys: list[str]) -> dict[str, list[tuple[int, float]]]:
     """[(step, value)] per metric key of an MLflow run (missing keys give empty lists)."""
     return {k: [(m.step, m.value) for m in client.get_metric_history(run_id, k)] for k in keys}
+
+
+ROUNDS_ARTIFACT = "plots/rounds.png"
+
+
+def rounds_figure(
+    series: dict[str, list[tuple[str, float]]], metric: str, title: str = "What each stage added"
+) -> Figure:
+    """`metric` of each model in order (the SFT checkpoint, then each GRPO round), one line per series (a run, or a
+    seed): where people would rather look than read the rounds table. `series` maps a name -> [(model, value)]."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(model for points in series.values() for model, _ in points))
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.3 * len(models) + 2), 4.2), dpi=110)
+    for name, points in series.items():
+        xs = [models.index(model) for model, _ in points]
+        ax.plot(xs, [value for _, value in points], "o-", label=name, markersize=4, linewidth=1.4)
+    ax.set_xticks(range(len(models)), models)
+    ax.set_ylabel(metric)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if len(series) > 1:
+        ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    return fig
