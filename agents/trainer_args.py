@@ -36,8 +36,11 @@ def agent_args(cfg: GRPOStageConfig) -> dict[str, Any]:
 def trainer_agent_kwargs(cfg: GRPOStageConfig, tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
     """GRPOTrainer keyword arguments for tool use: `tools=` (resolved, checked, user tools contained) and
     `environment_factory=` (the environment class, its tool methods contained); {} without tools. Raises ToolError
-    naming the field and the fix; may set a response template on `tokenizer` (as TRL itself would)."""
-    if not uses_tools(cfg):
+    naming the field and the fix; may set a response template on `tokenizer` (as TRL itself would). {} as well for
+    tools on a model whose chat template cannot carry tool calls: they are called in text (agents/text_tools.py)."""
+    from grpo_pipeline.agents.text_tools import needs_text_loop
+
+    if not uses_tools(cfg) or (cfg.environment is None and needs_text_loop(tokenizer)):
         return {}
     kwargs: dict[str, Any] = {}
     if cfg.tools:

@@ -130,6 +130,15 @@ class EvalConfig(Section):
         "that entry's params and timeout, so evaluation, the probes, the difficulty filter, the SFT check and the "
         "preflight score exactly as training does (e.g. code_tests with `isolation: bwrap`).",
     )
+    tools: list[str] | None = Field(
+        default=None,
+        description="Tools the policy calls in evaluated episodes; null: grpo.tools (the pipeline fills it in), so "
+        "evaluation, the probe and the gate score the episodes GRPO trained on. On a model whose chat template cannot "
+        "carry tool calls they are called in text (agents/text_tools.py). []: one plain completion per sample.",
+    )
+    max_tool_turns: int | None = Field(
+        default=None, ge=1, description="Tool calls per evaluated episode at most; null: grpo.max_tool_turns."
+    )
     max_unscored_fraction: float = Field(
         default=0.02,
         ge=0,

@@ -116,6 +116,23 @@ class PipelineConfig(Section):
             ]
         return {**raw, "eval": section}
 
+    @model_validator(mode="before")
+    @classmethod
+    def _tools_as_trained(cls, raw: Any) -> Any:
+        """Evaluation runs the episodes training runs: eval.tools and eval.max_tool_turns, when not given, take
+        grpo.tools and grpo.max_tool_turns (the evaluation, the probe and the gate then score tool-using episodes)."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("grpo", {}), dict):
+            return raw
+        section, grpo = raw.get("eval", {}), raw.get("grpo", {})
+        if not isinstance(section, dict):
+            return raw
+        filled = dict(section)
+        if filled.get("tools") is None:
+            filled["tools"] = grpo.get("tools", [])
+        if filled.get("max_tool_turns") is None and "max_tool_turns" in grpo:
+            filled["max_tool_turns"] = grpo["max_tool_turns"]
+        return {**raw, "eval": filled}
+
     @model_validator(mode="after")
     def _gate_names_suites(self) -> PipelineConfig:
         suites = self.eval.suite_names()

@@ -279,3 +279,28 @@ def answer_key(completion: str) -> str | None:
         with contextlib.suppress(ValueError, ZeroDivisionError):
             return str(Fraction(numbers[-1].replace(",", "")))
     return " ".join(pred.split()) or None
+
+
+# The end of a tool result in the plain-text call syntax of agents/text_tools.py (GSM8K's calculator annotations,
+# `<<48+24=72>>`): the rollout loop writes it after the result, so what follows the last one is the model's answer.
+TOOL_RESULT_END = ">>"
+
+
+def after_tool_results(text: str) -> str:
+    """The text after the last tool result (`>>`), or all of it when the episode called no tool: the episode's final
+    answer, which alone is scored (a result the tool wrote is not the model's answer)."""
+    return text.rpartition(TOOL_RESULT_END)[2] if TOOL_RESULT_END in text else text
+
+
+@register("final_answer")
+def final_answer_reward(timeout_s: int = 5) -> RewardFn:
+    """`correctness` of the episode's final answer only: the text after the last tool result (`after_tool_results`),
+    so a policy is rewarded for the answer it writes, never for a tool call as such (docs/agents.md)."""
+
+    def final_answer(prompts, completions, answer=None, **kwargs) -> list[float | None]:
+        if answer is None:  # no reference answers: not applicable
+            return [None] * len(completions)
+        finals = [after_tool_results(completion_text(c)) for c in completions]
+        return math_scores(finals, list(answer), timeout_s)
+
+    return final_answer

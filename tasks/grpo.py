@@ -141,6 +141,7 @@ def round_callbacks(
     """The round's own trainer callbacks: the held-out accuracy probe (with `held_out`, the probe split, and
     `cfg.probe_problems`; it keeps the best-probed step with `cfg.keep: best_probe` and says so in `notes`) and the
     training-health watch (with `health`)."""
+    from grpo_pipeline.agents.text_tools import eval_tool_loop
     from grpo_pipeline.tasks.training.health import health_callback
     from grpo_pipeline.tasks.training.probe import HeldOutAccuracyProbe
 
@@ -148,7 +149,8 @@ def round_callbacks(
     rows = pd.read_parquet(held_out.require()).head(cfg.probe_problems) if held_out is not None else None
     if rows is not None and len(rows) and cfg.probe_problems:
         keep = {"keep_best": cfg.keep == "best_probe", "patience": cfg.probe_patience, "notes": notes,
-                "over_start": cfg.keep_over_start, "rule": cfg.keep_rule, "margin": cfg.keep_margin}  # fmt: skip
+                "over_start": cfg.keep_over_start, "rule": cfg.keep_rule, "margin": cfg.keep_margin,
+                "tools": eval_tool_loop(cfg.tools, cfg.max_tool_turns, tokenizer)}  # fmt: skip
         probe = HeldOutAccuracyProbe(
             rows, tokenizer, cfg.probe_every_steps, cfg.max_completion_tokens, correctness_reward, **keep
         )
@@ -210,6 +212,7 @@ def grpo_train(spec: GRPORound, *, out: Path) -> Checkpoint:
     probes: list[HeldOutAccuracyProbe] = []  # the round's probe, read after training: what the round returned
 
     def build(common: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> GRPOTrainer:
+        from grpo_pipeline.agents.text_tools import text_rollout_kwargs
         from grpo_pipeline.agents.trainer_args import trainer_agent_kwargs
         from grpo_pipeline.tasks.training.probe import HeldOutAccuracyProbe
 
@@ -227,6 +230,7 @@ def grpo_train(spec: GRPORound, *, out: Path) -> Checkpoint:
             callbacks=callbacks,
             **adapter_args(spec.model_cfg),
             **trainer_agent_kwargs(cfg, tokenizer),
+            **text_rollout_kwargs(cfg, tokenizer),  # tools on a model without a tool template: calls in text
         )
         objective.update({name: getattr(trainer.args, name) for name in PolicyLossConfig.model_fields})
         return trainer

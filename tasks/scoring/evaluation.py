@@ -89,6 +89,10 @@ class EvalResult(BaseModel):
     generation: dict[str, Any] = {}
     # The eval suite these scores are of (configs/eval.py; `heldout`: the held-out split of the training source).
     suite: str = HELDOUT
+    # A tool-using policy's episodes (agents/text_tools.py, `episode_stats`): tool calls per episode, the share that
+    # called, failed calls per call and the share that wrote a call past the turn limit, for the greedy and the
+    # sampled episodes (`tools/greedy_call_frequency`, ...); empty without tools.
+    tools: dict[str, float] = {}
 
     def scored(self, metric: str) -> int:
         """Over how many items `metric` was computed (its denominator)."""
@@ -104,6 +108,7 @@ class EvalResult(BaseModel):
         out.update({f"{prefix}pass_at_{k}": v for k, v in self.pass_at_k.items()})
         out.update({f"{prefix}maj_at_{k}": v for k, v in self.maj_at_k.items()})
         out.update({f"{prefix}reward/{name}": v for name, v in self.reward_means.items()})
+        out.update({f"{prefix}{name}": v for name, v in self.tools.items()})
         return out
 
     def settings(self) -> dict[str, Any]:
@@ -127,6 +132,9 @@ class EvalResult(BaseModel):
             "eval_backend": self.generation.get("backend", ""),
             "eval_dtype": str(self.generation.get("dtype", "")),
             "eval_vllm_version": self.generation.get("vllm_version", ""),
+            # the episodes: a champion scored on single completions is scored again with the tools
+            "eval_tools": ",".join(self.config.tools or []),
+            "eval_max_tool_turns": self.config.max_tool_turns or 0,
         }
 
     def unscored_line(self) -> str:
@@ -293,11 +301,19 @@ def generator(
     model_path: str, tokenizer: Any, cfg: EvalConfig, sampling: dict[str, Any], seed: int
 ) -> tuple[Callable[..., Any], dict]:
     """What generates the evaluation's completions (`generate_with_ids`'s signature, bound to a model) by
-    `cfg.backend`, and the record of the sampler it applies with `sampling` (EvalResult.generation)."""
+    `cfg.backend`, and the record of the sampler it applies with `sampling` (EvalResult.generation). With tools
+    (eval.tools) on a model that calls them in text, an `EpisodeGenerator`: the episodes GRPO trains on."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    if uses_vllm(cfg.backend):
+    from grpo_pipeline.agents.text_tools import EpisodeGenerator, eval_tool_loop
+
+    loop = eval_tool_loop(cfg.tools, cfg.max_tool_turns, tokenizer)
+    if loop is not None and cfg.backend == "vllm":
+        raise ValueError(
+            "eval.backend is 'vllm' but tool episodes are generated with transformers; set eval.backend=hf"
+        )
+    if loop is None and uses_vllm(cfg.backend):
         engine = VLLMGenerator(model_path, tokenizer, seed)
         record = engine.recorded(max_new_tokens=cfg.max_new_tokens, **sampling)
         return engine.generate_with_ids, {**record, "vllm_version": vllm_version()}
@@ -305,7 +321,26 @@ def generator(
     model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
     record = recorded_settings(model, tokenizer, max_new_tokens=cfg.max_new_tokens, **sampling)
     dtype = str(model.dtype).removeprefix("torch.")
-    return functools.partial(generate_with_ids, model, tokenizer), {"backend": "hf", "dtype": dtype, **record}
+    generate = (
+        EpisodeGenerator(model, tokenizer, loop) if loop else functools.partial(generate_with_ids, model, tokenizer)
+    )
+    return generate, {"backend": "hf", "dtype": dtype, **record}
+
+
+def tool_stats(generate: Any, items: list[dict[str, Any]]) -> dict[str, float]:
+    """The tool use of an EpisodeGenerator's two runs (greedy, then sampled), as `EvalResult.tools`; each item gets
+    its episodes' tool calls, errors and turn-limit hits (items.jsonl). {} for single completions."""
+    from grpo_pipeline.agents.text_tools import EpisodeGenerator, episode_stats
+
+    if not isinstance(generate, EpisodeGenerator):
+        return {}
+    greedy, sampled = generate.runs
+    for item, (g,), samples in zip(items, greedy, sampled, strict=True):
+        item.update(greedy_tool_calls=g.calls, sample_tool_calls=[e.calls for e in samples],
+                    tool_errors=g.errors + sum(e.errors for e in samples),
+                    turn_limit_hits=int(g.hit_turn_limit) + sum(e.hit_turn_limit for e in samples))  # fmt: skip
+    flat = [e for group in sampled for e in group]
+    return {**episode_stats([g for (g,) in greedy], "tools/greedy_"), **episode_stats(flat, "tools/sampled_")}
 
 
 def evaluate_model(
@@ -344,7 +379,7 @@ def evaluate_model(
         greedy_ids=[g[0] for g in greedy_ids], sampled_ids=sampled_ids,
     )  # fmt: skip
     result = summarize(items, cfg, model_path, seed, held_out, out / ITEMS_FILE, rewards)
-    result = result.model_copy(update={"generation": generation})
+    result = result.model_copy(update={"generation": generation, "tools": tool_stats(generate, items)})
     check_unscored(result, label)
     with atomic_dir(out) as tmp, open(tmp / ITEMS_FILE, "w") as f:
         for it in items:

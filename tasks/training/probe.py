@@ -27,6 +27,7 @@ from pathlib import Path
 import pandas as pd
 from transformers import TrainerCallback
 
+from grpo_pipeline.agents.text_tools import EpisodeGenerator, TextToolLoop
 from grpo_pipeline.configs.grpo import RewardSpec
 from grpo_pipeline.rewards import build_spec
 from grpo_pipeline.tasks.core.common import logger
@@ -51,14 +52,20 @@ def accuracy(items: list[float | None]) -> float:
     return sum(scored) / len(scored) if scored else float("nan")
 
 
-def greedy_correct(model, tokenizer, rows: pd.DataFrame, reward, max_new_tokens: int) -> list[float | None]:
+def greedy_correct(
+    model, tokenizer, rows: pd.DataFrame, reward, max_new_tokens: int, tools: TextToolLoop | None = None
+) -> list[float | None]:
     """Per row: 1.0 when its greedy completion gets `reward` >= 1.0, else 0.0; None when the reward could not
-    score it (left out of the accuracy)."""
+    score it (left out of the accuracy). With `tools`, each completion is a tool episode, as in training."""
     was_training, side = model.training, tokenizer.padding_side
     model.eval()
     tokenizer.padding_side = "left"
+    prompts, settings = rows["prompt"].tolist(), {"max_new_tokens": max_new_tokens, "batch_size": len(rows)}
     try:
-        texts = generate(model, tokenizer, rows["prompt"].tolist(), max_new_tokens=max_new_tokens, batch_size=len(rows))
+        if tools is None:
+            texts = generate(model, tokenizer, prompts, **settings)
+        else:
+            texts, _ = EpisodeGenerator(model, tokenizer, tools)(prompts, **settings)
     finally:
         model.train(was_training)
         tokenizer.padding_side = side
@@ -112,12 +119,14 @@ class HeldOutAccuracyProbe(TrainerCallback):
         over_start: bool = False,
         rule: str = "confirm",
         margin: float = 0.0,
+        tools: TextToolLoop | None = None,
     ):
         self.rows = rows.reset_index(drop=True)
         self.tokenizer = tokenizer
         self.every_steps = every_steps
         self.max_new_tokens = max_new_tokens
         self.reward = build_spec(correctness)
+        self.tools = tools  # a tool-using policy is probed on its episodes (agents/text_tools.py)
         self.keep_best = keep_best
         self.stop_at = stop_at  # end training at the first probe at or above this accuracy
         self.patience = patience
@@ -144,7 +153,7 @@ class HeldOutAccuracyProbe(TrainerCallback):
         import mlflow
 
         # every process measures; all of them go on with process 0's results, so they all decide alike
-        items = agree(greedy_correct(model, self.tokenizer, self.rows, self.reward, self.max_new_tokens))
+        items = agree(greedy_correct(model, self.tokenizer, self.rows, self.reward, self.max_new_tokens, self.tools))
         acc = accuracy(items)
         self.history.append((step, acc))
         if mlflow.active_run() is not None:

@@ -1,0 +1,302 @@
+"""Tool calls written as plain text, for a model whose chat template cannot carry them (the embedded char-level model).
+
+TRL's own loop (`GRPOTrainer(tools=)`) needs a chat template with tool branches and a response parser
+(docs/agents.md); the tiny model has neither, and a JSON call would cost it ~70 tokens to learn. So it calls the
+calculator as GSM8K's annotations do (Cobbe et al. 2021, sec. 2 and appendix: `<<48+24=72>>`, filled in by the
+sampler): the model writes `<<48213+90977=`, the loop runs `calculator("48213+90977")`, appends `139190>>` and lets the
+model go on (`...139190>>139190</s>`), at most `max_turns` calls per episode. The inserted result is masked out of the
+loss (`env_mask` 0): the policy is never trained to write what the tool wrote.
+
+One loop (`run_episodes`) serves training (`text_tool_rollout`, TRL's `rollout_func`), evaluation and the probe
+(tasks/scoring/evaluation.py, tasks/training/probe.py), so the accuracy they report is that of the episodes GRPO
+trained on. Each episode records its tool calls, tool errors and whether it wrote a call past the turn limit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from grpo_pipeline.agents.calculator import calculator
+from grpo_pipeline.agents.registry import ToolError
+from grpo_pipeline.configs.grpo import GRPOStageConfig
+from grpo_pipeline.rewards.math import TOOL_RESULT_END
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+CALL_OPEN, CALL_END = "<<", "="  # `<<expression=` asks for a result; the loop writes it and TOOL_RESULT_END
+TEXT_TOOLS: dict[str, Callable[[str], str]] = {"calculator": calculator}  # tools that take one string
+
+# (rows of new token ids) from (rows of prefix ids, the most tokens any row may add, a StoppingCriteria)
+GenerateFn = Callable[[list[list[int]], int, Any], list[list[int]]]
+
+
+@dataclass(frozen=True)
+class TextToolLoop:
+    """The tool an episode may call in text (`<<expression=`) and how many calls an episode may make."""
+
+    name: str
+    max_turns: int
+
+    def call(self, expression: str) -> str:
+        """The tool's answer to `expression`; the built-in tools return errors as text (`error: ...`)."""
+        return TEXT_TOOLS[self.name](expression)
+
+
+@dataclass
+class Episode:
+    """One completion with its tool results: `env_mask` is 1 on the model's tokens and 0 on inserted ones."""
+
+    completion_ids: list[int] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    text: str = ""
+    calls: int = 0
+    errors: int = 0
+    hit_turn_limit: bool = False  # wrote a call when no turn was left (the call was not run)
+
+    def extend(self, ids: Sequence[int], text: str, by_model: bool) -> None:
+        self.completion_ids.extend(ids)
+        self.env_mask.extend([int(by_model)] * len(ids))
+        self.text += text
+
+
+def text_tool_loop(tools: Sequence[str], max_turns: int, field_name: str = "grpo.tools") -> TextToolLoop | None:
+    """The text loop for `tools` (None without tools), or ToolError naming the field and the fix."""
+    if not tools:
+        return None
+    if len(tools) != 1 or tools[0] not in TEXT_TOOLS:
+        raise ToolError(
+            f"{field_name}: {list(tools)} on a model whose chat template cannot carry tool calls: the text call syntax "
+            f"'{CALL_OPEN}expression{CALL_END}' runs one tool that takes one string ({', '.join(TEXT_TOOLS)}); set "
+            f"{field_name}=[calculator], or use a model whose chat template carries tool calls"
+        )
+    return TextToolLoop(tools[0], max_turns)
+
+
+def needs_text_loop(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether tool calls must be written in text: the chat template cannot carry them (TRL's own check)."""
+    from trl.chat_template_utils import supports_tool_calling
+
+    return getattr(tokenizer, "chat_template", None) is None or not supports_tool_calling(tokenizer)
+
+
+def open_call(text: str) -> str | None:
+    """The expression of the call `text` ends in (`...<<12+7=` -> `12+7`), or None when it ends in none."""
+    start = text.rfind(CALL_OPEN)
+    if start < 0 or not text.endswith(CALL_END) or len(text) - start < len(CALL_OPEN) + len(CALL_END):
+        return None
+    expression = text[start + len(CALL_OPEN) : -len(CALL_END)]
+    return None if TOOL_RESULT_END in expression else expression
+
+
+def call_stop(tokenizer: PreTrainedTokenizerBase, width: int, before: list[str], may_call: list[bool]) -> Any:
+    """A StoppingCriteria that ends a row when its completion (`before`, then what it generated past `width`) ends in
+    an open call and it may still call; only rows whose last token contains CALL_END are decoded."""
+    import torch
+    from transformers import StoppingCriteria
+
+    class CallStop(StoppingCriteria):
+        def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
+            done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+            for r in range(input_ids.shape[0]):
+                if may_call[r] and CALL_END in tokenizer.decode(input_ids[r, -1:]):
+                    new = tokenizer.decode(input_ids[r, width:], skip_special_tokens=True)
+                    done[r] = open_call(before[r] + new) is not None
+            return done
+
+    return CallStop()
+
+
+def run_episodes(
+    generate: GenerateFn,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[list[int]],
+    loop: TextToolLoop,
+    *,
+    max_new_tokens: int,
+    stop: Sequence[int],
+) -> list[Episode]:
+    """One episode per prompt (token ids): generate until a stop token, the budget or an open call; run each call,
+    append its result and `>>` (masked), and generate again for those rows, up to `loop.max_turns` calls. Every
+    token, the model's and the tool's, counts against `max_new_tokens` (a result past it is cut, as TRL cuts one)."""
+    episodes = [Episode() for _ in prompts]
+    active = list(range(len(prompts)))
+    while active:
+        budgets = [max_new_tokens - len(episodes[i].completion_ids) for i in active]
+        may_call = [episodes[i].calls < loop.max_turns for i in active]
+        rows = [prompts[i] + episodes[i].completion_ids for i in active]
+        width = max(map(len, rows))
+        criteria = call_stop(tokenizer, width, [episodes[i].text for i in active], may_call)
+        new_rows = generate(rows, max(budgets), criteria)
+        still = []
+        for i, budget, new, may in zip(active, budgets, new_rows, may_call, strict=True):
+            episode = episodes[i]
+            expression = _take(tokenizer, episode, new[:budget], stop, may)
+            if expression is None:
+                continue
+            result = loop.call(expression)
+            episode.calls += 1
+            episode.errors += result.startswith("error")
+            inserted = tokenizer(result + TOOL_RESULT_END, add_special_tokens=False)["input_ids"]
+            inserted = inserted[: max_new_tokens - len(episode.completion_ids)]
+            episode.extend(inserted, tokenizer.decode(inserted), by_model=False)
+            if len(episode.completion_ids) < max_new_tokens:
+                still.append(i)
+        active = still
+    return episodes
+
+
+def _take(
+    tokenizer: PreTrainedTokenizerBase, episode: Episode, new: Sequence[int], stop: Sequence[int], may_call: bool
+) -> str | None:
+    """Append the model's tokens of one pass to `episode`, up to and including a stop token or the `=` of an open
+    call; return that call's expression when the episode may call (else note a call past the turn limit)."""
+    for token in new:
+        piece = "" if token in stop else tokenizer.decode([token], skip_special_tokens=True)
+        episode.extend([token], piece, by_model=True)
+        if token in stop:
+            return None
+        if CALL_END in piece and (expression := open_call(episode.text)) is not None:
+            if may_call:
+                return expression
+            episode.hit_turn_limit = True
+    return None
+
+
+def hf_generate(model: Any, pad: int | None, **settings: Any) -> GenerateFn:
+    """A GenerateFn over transformers' `model.generate(**settings)`: rows left-padded, the call stop added."""
+    import torch
+    from transformers import StoppingCriteriaList
+
+    from grpo_pipeline.tasks.scoring.generation import left_padded
+
+    def generate(rows: list[list[int]], max_new_tokens: int, criteria: Any) -> list[list[int]]:
+        enc = {k: v.to(model.device) for k, v in left_padded(rows, pad).items()}
+        kwargs = {**settings, "max_new_tokens": max_new_tokens, "stopping_criteria": StoppingCriteriaList([criteria])}
+        with torch.no_grad():
+            out = model.generate(**enc, **kwargs)
+        return out[:, enc["input_ids"].shape[1] :].tolist()
+
+    return generate
+
+
+def text_tool_rollout(loop: TextToolLoop) -> Callable[[list[Any], Any], dict[str, Any]]:
+    """TRL's `rollout_func(prompts, trainer)` over `run_episodes`: one episode per prompt it is given (TRL's sampler
+    already repeats each prompt `num_generations` times), generated by the policy in the training process with the
+    trainer's own sampling settings. `logprobs` is None, as in TRL's own transformers path: they only correct vLLM's
+    sampler. Extra keys reach the rewards as columns: `tool_calls`, `tool_errors`, `tool_turn_limit`."""
+
+    def rollout(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        from trl.models import unwrap_model_for_generation
+
+        from grpo_pipeline.tasks.scoring.generation import prompt_ids
+
+        if trainer.use_vllm:
+            raise ToolError("grpo.use_vllm: text tool calls are generated with transformers; set grpo.use_vllm=false")
+        tokenizer = trainer.processing_class
+        ids = prompt_ids(tokenizer, prompts)
+        unwrap = {"gather_deepspeed3_params": trainer.args.ds3_gather_for_generation,
+                  "generation_kwargs": trainer.generation_kwargs,
+                  "gradient_checkpointing_kwargs": trainer.args.gradient_checkpointing_kwargs}  # fmt: skip
+        with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator, **unwrap) as model:
+            generate = hf_generate(model, tokenizer.pad_token_id, generation_config=trainer.generation_config)
+            episodes = run_episodes(
+                generate, tokenizer, ids, loop, max_new_tokens=trainer.max_completion_length,
+                stop=trainer.eos_token_ids,
+            )  # fmt: skip
+        mode = "train" if trainer.model.training else "eval"
+        for name, value in episode_stats(episodes).items():  # logged with TRL's own metrics (tools/call_frequency)
+            trainer._metrics[mode][name].append(value)
+        return {
+            "prompt_ids": ids,
+            "completion_ids": [e.completion_ids for e in episodes],
+            "logprobs": None,
+            "env_mask": [e.env_mask for e in episodes],
+            "tool_calls": [e.calls for e in episodes],
+            "tool_errors": [e.errors for e in episodes],
+            "tool_turn_limit": [e.hit_turn_limit for e in episodes],
+        }
+
+    return rollout
+
+
+def episode_stats(episodes: Sequence[Episode], prefix: str = "tools/") -> dict[str, float]:
+    """Per episode: tool calls (`call_frequency`, TRL's name), the share that called at least once (`used_share`),
+    failed calls per call (`failure_frequency`, TRL's name; 0.0 without calls) and the share that wrote a call past
+    the turn limit (`turn_limit_share`)."""
+    n = len(episodes)
+    if not n:
+        return {}
+    calls = sum(e.calls for e in episodes)
+    return {
+        f"{prefix}call_frequency": calls / n,
+        f"{prefix}used_share": sum(e.calls > 0 for e in episodes) / n,
+        f"{prefix}failure_frequency": sum(e.errors for e in episodes) / calls if calls else 0.0,
+        f"{prefix}turn_limit_share": sum(e.hit_turn_limit for e in episodes) / n,
+    }
+
+
+def text_rollout_kwargs(cfg: GRPOStageConfig, tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
+    """GRPOTrainer's `rollout_func=` for grpo.tools on a model whose chat template cannot carry tool calls; {}
+    otherwise (no tools, or TRL's own loop runs them: `trainer_args.trainer_agent_kwargs`, which also refuses an
+    environment on such a model, since environments need TRL's loop)."""
+    if cfg.environment is not None or not cfg.tools or not needs_text_loop(tokenizer):
+        return {}
+    loop = text_tool_loop(cfg.tools, cfg.max_tool_turns)
+    return {"rollout_func": text_tool_rollout(loop)} if loop else {}
+
+
+def eval_tool_loop(tools: Sequence[str] | None, max_turns: int | None, tokenizer: Any) -> TextToolLoop | None:
+    """The text loop evaluation and the probe run for `tools` (eval.tools, grpo.tools) on this tokenizer's model;
+    None without tools, or where TRL's own loop runs them (evaluation of those episodes is not built yet: said)."""
+    if not tools:
+        return None
+    if not needs_text_loop(tokenizer):
+        logger.warning(
+            "tools %s run in TRL's chat loop during training; evaluation and the probe score single completions of "
+            "this model (multi-turn evaluation through the chat template is not built yet)",
+            list(tools),
+        )
+        return None
+    return text_tool_loop(tools, max_turns or 1, "eval.tools")
+
+
+class EpisodeGenerator:
+    """`generate_with_ids`'s contract (tasks/scoring/generation.py) over tool episodes: each call returns the
+    episodes' texts and ids per prompt, and keeps the episodes themselves in `runs` (one list per call)."""
+
+    def __init__(self, model: Any, tokenizer: Any, loop: TextToolLoop) -> None:
+        self.model, self.tokenizer, self.loop = model, tokenizer, loop
+        self.runs: list[list[list[Episode]]] = []
+
+    def __call__(
+        self, prompts: Sequence[Any], *, max_new_tokens: int, batch_size: int, n: int = 1,
+        temperature: float | None = None, top_p: float = 1.0, desc: str = "episodes",
+    ) -> tuple[list[list[str]], list[list[list[int]]]]:  # fmt: skip
+        from grpo_pipeline.tasks.scoring.generation import (
+            generation_kwargs,
+            prompt_ids,
+            require_temperature,
+            stop_token_ids,
+        )
+
+        require_temperature(n, temperature)
+        stop = stop_token_ids(self.model, self.tokenizer)
+        pad = self.tokenizer.pad_token_id
+        settings = generation_kwargs(max_new_tokens=max_new_tokens, n=1, temperature=temperature, top_p=top_p,
+                                     pad=pad, stop=stop)  # fmt: skip
+        generate = hf_generate(self.model, pad, **settings)
+        rows = [ids for ids in prompt_ids(self.tokenizer, prompts) for _ in range(n)]  # prompt i: rows i*n..i*n+n-1
+        episodes: list[Episode] = []
+        for start in range(0, len(rows), batch_size):
+            episodes += run_episodes(generate, self.tokenizer, rows[start : start + batch_size], self.loop,
+                                     max_new_tokens=max_new_tokens, stop=stop)  # fmt: skip
+        grouped = [episodes[i * n : (i + 1) * n] for i in range(len(prompts))]
+        self.runs.append(grouped)
+        logger.debug("%s: %s", desc, episode_stats(episodes))
+        return [[e.text for e in g] for g in grouped], [[e.completion_ids for e in g] for g in grouped]
