@@ -13,12 +13,14 @@ FUNCTION_FAMILIES = ("x+k", "x-k", "k-x", "x*k", "max(x,k)")
 
 
 class SyntheticTaskConfig(Section):
-    kind: Literal["arithmetic", "functions"] = Field(
+    kind: Literal["arithmetic", "functions", "tool_arithmetic"] = Field(
         default="arithmetic",
         description="'arithmetic': '47+38=' -> '85' (operations, min/max_digits). 'functions': write a Python "
         "function's body from input/output examples, '#f(0)=3 f(1)=4 f(7)=10\\ndef f(x):return ' -> 'x+3', each "
         "row carrying HumanEval-style hidden unit tests (`test`, `entry_point`) on inputs the examples do not show; "
-        "score it with the code_tests reward (families, max_constant, num_tests, teacher_order_slip).",
+        "score it with the code_tests reward (families, max_constant, num_tests, teacher_order_slip). "
+        "'tool_arithmetic': additions whose SFT demonstrations call the calculator in text, imperfectly "
+        "('4821+9097=' -> '<<4821+9097=13918>>13918'; tasks/sources/tool_tasks.py); for grpo.tools: [calculator].",
     )
     operations: list[Literal["+", "-", "*"]] = Field(
         default=["+"], description="Operators drawn uniformly for each problem."

@@ -129,8 +129,9 @@ class PipelineConfig(Section):
         filled = dict(section)
         if filled.get("tools") is None:
             filled["tools"] = grpo.get("tools", [])
-        if filled.get("max_tool_turns") is None and "max_tool_turns" in grpo:
-            filled["max_tool_turns"] = grpo["max_tool_turns"]
+        if filled.get("max_tool_turns") is None:
+            default = GRPOStageConfig.model_fields["max_tool_turns"].default
+            filled["max_tool_turns"] = grpo.get("max_tool_turns", default)
         return {**raw, "eval": filled}
 
     @model_validator(mode="after")

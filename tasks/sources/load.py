@@ -13,6 +13,14 @@ from grpo_pipeline.configs.data import DataConfig
 from grpo_pipeline.tasks.core.common import fingerprint_path
 from grpo_pipeline.tasks.sources.synthetic import synthetic_arithmetic, synthetic_functions
 from grpo_pipeline.tasks.sources.tables import format_prompt, load_hf, map_columns, read_table
+from grpo_pipeline.tasks.sources.tool_tasks import tool_arithmetic
+
+# data.synthetic.kind -> the generator of its rows
+SYNTHETIC_KINDS = {
+    "arithmetic": synthetic_arithmetic,
+    "functions": synthetic_functions,
+    "tool_arithmetic": tool_arithmetic,
+}
 
 
 def describe_source(cfg: DataConfig) -> str:
@@ -27,10 +35,11 @@ def describe_source(cfg: DataConfig) -> str:
 def load_source(cfg: DataConfig) -> pd.DataFrame:
     """All rows of the configured source, mapped to the standard columns."""
     if cfg.source == "synthetic":
-        make = synthetic_functions if cfg.synthetic.kind == "functions" else synthetic_arithmetic
+        make = SYNTHETIC_KINDS[cfg.synthetic.kind]
         df = make(cfg.synthetic, cfg.num_train + cfg.num_eval + cfg.num_probe, cfg.seed)
         df["prompt"] = [format_prompt(cfg, p) for p in df["prompt"]]
-        df["completion"] = df["answer"]
+        if "completion" not in df:  # a generator may write SFT targets of its own (a teacher's tool calls)
+            df["completion"] = df["answer"]
         return df
     if cfg.source == "file":
         return map_columns(read_table(cfg.path), cfg, origin=describe_source(cfg))

@@ -1,0 +1,174 @@
+"""Tool calls in text (agents/text_tools.py): the call syntax, the episode loop with its mask and counts, the final
+answer reward, the imperfect tool teacher, and the loop through TRL's rollout_func, evaluation and the probe."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from grpo_pipeline.agents.registry import ToolError
+from grpo_pipeline.agents.text_tools import (
+    EpisodeGenerator,
+    TextToolLoop,
+    episode_stats,
+    open_call,
+    run_episodes,
+    text_rollout_kwargs,
+    text_tool_loop,
+)
+from grpo_pipeline.configs.data import SyntheticTaskConfig
+from grpo_pipeline.configs.grpo import GRPOStageConfig
+from grpo_pipeline.configs.schema import TinyModelConfig, load_config
+from grpo_pipeline.rewards import build_reward
+from grpo_pipeline.rewards.math import after_tool_results
+from grpo_pipeline.tasks.sources.tool_tasks import carry_free_sum, teacher_completion, tool_arithmetic
+from grpo_pipeline.tasks.training.tiny_model import build_tokenizer
+
+CALC = TextToolLoop("calculator", 1)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+def scripted(tokenizer, script: dict[str, str]):
+    """A GenerateFn that continues each row with the text `script` gives for the row's last known text (pads after)."""
+
+    def generate(rows, max_new_tokens, criteria):
+        out = []
+        for row in rows:
+            text = tokenizer.decode(row, skip_special_tokens=True)
+            key = next(k for k in sorted(script, key=len, reverse=True) if text.endswith(k))
+            new = tokenizer(script[key], add_special_tokens=False)["input_ids"]
+            out.append((new + [tokenizer.pad_token_id] * max_new_tokens)[:max_new_tokens])
+        return out
+
+    return generate
+
+
+def test_open_call_reads_the_expression_of_an_unanswered_call() -> None:
+    assert open_call("<<12+7=") == "12+7"
+    assert open_call("x<<1+2=3>>3") is None
+    assert open_call("<<1+2=3>>3=") is None  # the last call is answered
+    assert open_call("12+7=") is None and open_call("<<=") == ""  # an empty call: the calculator says what is wrong
+
+
+def test_an_episode_inserts_the_result_masked_and_the_model_answers(tokenizer) -> None:
+    eos = tokenizer.eos_token_id
+    script = {"12+7=": "<<12+7=", ">>": "19</s>"}
+    (episode,) = run_episodes(scripted(tokenizer, script), tokenizer, [tokenizer("12+7=")["input_ids"]], CALC,
+                              max_new_tokens=30, stop=[eos])  # fmt: skip
+    assert episode.text == "<<12+7=19>>19"
+    assert tokenizer.decode(episode.completion_ids) == "<<12+7=19>>19</s>"
+    assert episode.env_mask == [1] * 7 + [0] * 4 + [1] * 3  # "19>>" came from the tool
+    assert (episode.calls, episode.errors, episode.hit_turn_limit) == (1, 0, False)
+
+
+def test_a_call_past_the_turn_limit_is_not_run_and_is_counted(tokenizer) -> None:
+    script = {"1+1=": "<<1+1=", ">>": "<<2+2=9</s>"}
+    (episode,) = run_episodes(scripted(tokenizer, script), tokenizer, [tokenizer("1+1=")["input_ids"]], CALC,
+                              max_new_tokens=30, stop=[tokenizer.eos_token_id])  # fmt: skip
+    assert episode.text == "<<1+1=2>><<2+2=9"
+    assert (episode.calls, episode.hit_turn_limit) == (1, True)
+
+
+def test_tool_errors_and_the_budget(tokenizer) -> None:
+    script = {"1+1=": "<<1^1=", ">>": "0</s>"}
+    (episode,) = run_episodes(scripted(tokenizer, script), tokenizer, [tokenizer("1+1=")["input_ids"]], CALC,
+                              max_new_tokens=12, stop=[tokenizer.eos_token_id])  # fmt: skip
+    assert episode.errors == 1 and episode.text.startswith("<<1^1=error")
+    assert len(episode.completion_ids) == 12  # the error message is cut at the budget and the episode ends
+    stats = episode_stats([episode])
+    assert stats == {"tools/call_frequency": 1.0, "tools/used_share": 1.0, "tools/failure_frequency": 1.0,
+                     "tools/turn_limit_share": 0.0}  # fmt: skip
+
+
+def test_final_answer_scores_only_the_text_after_the_last_result() -> None:
+    reward = build_reward("final_answer")
+    assert after_tool_results("<<1+2=3>>3") == "3" and after_tool_results("3") == "3"
+    scores = reward(prompts=["1+2="] * 3, completions=["<<1+2=3>>3", "<<1+2=3>>", "3"], answer=["3"] * 3)
+    assert scores == [1.0, 0.0, 1.0]  # the tool's result alone is not an answer
+
+
+def test_only_one_string_tool_runs_in_text() -> None:
+    assert text_tool_loop([], 1) is None
+    with pytest.raises(ToolError, match=r"grpo\.tools.*set grpo\.tools=\[calculator\]"):
+        text_tool_loop(["python"], 1)
+
+
+def test_the_tool_teacher_is_imperfect_and_answers_stay_true() -> None:
+    from grpo_pipeline.agents import text_tools
+    from grpo_pipeline.tasks.sources import tool_tasks
+
+    assert (tool_tasks.CALL_OPEN, tool_tasks.TOOL_RESULT_END) == (text_tools.CALL_OPEN, text_tools.TOOL_RESULT_END)
+    assert carry_free_sum(4821, 9097) == 3818
+    rng = random.Random(0)
+    done = [teacher_completion("7890+5242=", rng, 5500)[1] for _ in range(400)]
+    assert {"call", "wrong_call", "guess"} == set(done) and done.count("call") > done.count("guess")
+    rows = tool_arithmetic(SyntheticTaskConfig(kind="tool_arithmetic", min_digits=4, max_digits=4), 200, 0)
+    assert all(int(a) == sum(map(int, p[:-1].split("+"))) for p, a in zip(rows["prompt"], rows["answer"], strict=True))
+    small = rows[rows["prompt"].str[0].astype(int) < 5]
+    assert small["completion"].str.startswith("<<").mean() < 0.5 < rows["completion"].str.startswith("<<").mean()
+
+
+def test_the_recipe_evaluates_with_the_tools_it_trains_with() -> None:
+    cfg = load_config(Path(__file__).parents[1] / "configs" / "tiny-tools.yaml")
+    assert cfg.eval.tools == cfg.grpo.tools == ["calculator"] and cfg.eval.max_tool_turns == cfg.grpo.max_tool_turns
+    assert load_config(None).eval.tools == []
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from grpo_pipeline.tasks.training.tiny_model import build_tiny_model
+
+    small = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_positions=64)
+    return build_tiny_model(small, tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+def test_grpo_trains_through_the_text_rollout(tiny_dir: Path, tmp_path: Path, tokenizer, monkeypatch) -> None:
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    cfg = GRPOStageConfig(tools=["calculator"], max_tool_turns=1)
+    kwargs = text_rollout_kwargs(cfg, tokenizer)
+    seen: dict[str, list] = {}
+
+    def reward(prompts, completions, tool_calls, **kwargs):
+        seen.update(completions=completions, tool_calls=tool_calls)
+        return [float(len(c)) for c in completions]
+
+    args = GRPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=12, report_to="none", use_cpu=True, logging_steps=1)  # fmt: skip
+    data = Dataset.from_dict({"prompt": ["12+7=", "3+4="]})
+    trainer = GRPOTrainer(model=str(tiny_dir), reward_funcs=reward, args=args, train_dataset=data,
+                          processing_class=tokenizer, **kwargs)  # fmt: skip
+    trainer.train()
+    assert len(seen["completions"]) == 4 and len(seen["tool_calls"]) == 4
+    assert "tools/call_frequency" in trainer.state.log_history[0]
+
+
+def test_evaluation_and_the_probe_run_episodes(tiny_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo_pipeline.configs.schema import EvalConfig
+    from grpo_pipeline.tasks.core.common import Ref
+    from grpo_pipeline.tasks.scoring.evaluation import evaluate_model
+    from grpo_pipeline.tasks.training.probe import greedy_correct
+
+    rows = pd.DataFrame({"prompt": ["12+7=", "3+4="], "answer": ["19", "7"]})
+    path = tmp_path / "eval.parquet"
+    rows.to_parquet(path)
+    cfg = EvalConfig(n_samples=2, k=[1, 2], max_new_tokens=10, tools=["calculator"], max_tool_turns=1,
+                     correctness_reward="final_answer")  # fmt: skip
+    result = evaluate_model(str(tiny_dir), Ref(path=str(path), fingerprint="x"), cfg, seed=0, out=tmp_path / "e")
+    assert set(result.tools) >= {"tools/greedy_used_share", "tools/sampled_call_frequency"}
+    assert "tools/greedy_turn_limit_share" in result.metrics()
+    assert {"greedy_tool_calls", "turn_limit_hits"} <= set(result.items().columns)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny_dir), AutoTokenizer.from_pretrained(tiny_dir)
+    scores = greedy_correct(model, tokenizer, rows, build_reward("final_answer"), 10, tools=CALC)
+    assert len(scores) == 2 and EpisodeGenerator  # scored through the episode loop
