@@ -27,12 +27,14 @@ from grpo_pipeline.rewards.math import TOOL_RESULT_END
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from grpo_pipeline.agents.chat_tools import ChatToolLoop
+
 logger = logging.getLogger(__name__)
 
 CALL_OPEN, CALL_END = "<<", "="  # `<<expression=` asks for a result; the loop writes it and TOOL_RESULT_END
 TEXT_TOOLS: dict[str, Callable[[str], str]] = {"calculator": calculator}  # tools that take one string
 
-# (rows of new token ids) from (rows of prefix ids, the most tokens any row may add, a StoppingCriteria)
+# (rows of new token ids) from (rows of prefix ids, the most tokens any row may add, a StoppingCriteria or None)
 GenerateFn = Callable[[list[list[int]], int, Any], list[list[int]]]
 
 
@@ -47,6 +49,18 @@ class TextToolLoop:
         """The tool's answer to `expression`; the built-in tools return errors as text (`error: ...`)."""
         return TEXT_TOOLS[self.name](expression)
 
+    def prompt_ids(self, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Any]) -> list[list[int]]:
+        """Each prompt's ids as training tokenizes it (the tools are not described: the SFT data taught the call)."""
+        from grpo_pipeline.tasks.scoring.generation import prompt_ids
+
+        return prompt_ids(tokenizer, prompts)
+
+    def episodes(
+        self, generate: GenerateFn, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]], *,
+        max_new_tokens: int, stop: Sequence[int],
+    ) -> list[Episode]:  # fmt: skip
+        return run_episodes(generate, tokenizer, prompts, self, max_new_tokens=max_new_tokens, stop=stop)
+
 
 @dataclass
 class Episode:
@@ -58,6 +72,7 @@ class Episode:
     calls: int = 0
     errors: int = 0
     hit_turn_limit: bool = False  # wrote a call when no turn was left (the call was not run)
+    messages: list[dict[str, Any]] = field(default_factory=list)  # a chat episode's turns (agents/chat_tools.py)
 
     def extend(self, ids: Sequence[int], text: str, by_model: bool) -> None:
         self.completion_ids.extend(ids)
@@ -169,7 +184,8 @@ def _take(
 
 
 def hf_generate(model: Any, pad: int | None, **settings: Any) -> GenerateFn:
-    """A GenerateFn over transformers' `model.generate(**settings)`: rows left-padded, the call stop added."""
+    """A GenerateFn over transformers' `model.generate(**settings)`: rows left-padded, the call stop added (when
+    the loop gives one)."""
     import torch
     from transformers import StoppingCriteriaList
 
@@ -177,7 +193,9 @@ def hf_generate(model: Any, pad: int | None, **settings: Any) -> GenerateFn:
 
     def generate(rows: list[list[int]], max_new_tokens: int, criteria: Any) -> list[list[int]]:
         enc = {k: v.to(model.device) for k, v in left_padded(rows, pad).items()}
-        kwargs = {**settings, "max_new_tokens": max_new_tokens, "stopping_criteria": StoppingCriteriaList([criteria])}
+        kwargs = {**settings, "max_new_tokens": max_new_tokens}
+        if criteria is not None:  # the text loop's stop at an open call; chat turns end at their EOS
+            kwargs["stopping_criteria"] = StoppingCriteriaList([criteria])
         with torch.no_grad():
             out = model.generate(**enc, **kwargs)
         return out[:, enc["input_ids"].shape[1] :].tolist()
@@ -251,26 +269,43 @@ def text_rollout_kwargs(cfg: GRPOStageConfig, tokenizer: PreTrainedTokenizerBase
     return {"rollout_func": text_tool_rollout(loop)} if loop else {}
 
 
-def eval_tool_loop(tools: Sequence[str] | None, max_turns: int | None, tokenizer: Any) -> TextToolLoop | None:
-    """The text loop evaluation and the probe run for `tools` (eval.tools, grpo.tools) on this tokenizer's model;
-    None without tools, or where TRL's own loop runs them (evaluation of those episodes is not built yet: said)."""
+def eval_tool_loop(
+    tools: Sequence[str] | None, max_turns: int | None, tokenizer: Any
+) -> TextToolLoop | ChatToolLoop | None:
+    """The loop evaluation, the probes and the difficulty filter run for `tools` (eval.tools, grpo.tools) on this
+    tokenizer's model, the one training runs: in text where the chat template cannot carry tool calls, else TRL's
+    loop through the chat template (agents/chat_tools.py). None without tools."""
+    from grpo_pipeline.agents.chat_tools import ChatToolLoop
+    from grpo_pipeline.agents.trainer_args import check_tokenizer
+
     if not tools:
         return None
-    if not needs_text_loop(tokenizer):
-        logger.warning(
-            "tools %s run in TRL's chat loop during training; evaluation and the probe score single completions of "
-            "this model (multi-turn evaluation through the chat template is not built yet)",
-            list(tools),
-        )
-        return None
-    return text_tool_loop(tools, max_turns or 1, "eval.tools")
+    if needs_text_loop(tokenizer):
+        return text_tool_loop(tools, max_turns or 1, "eval.tools")
+    check_tokenizer(tokenizer)  # sets TRL's response template, as GRPOTrainer does
+    return ChatToolLoop(tuple(tools), max_turns or 1)
+
+
+def conversation(episode: Episode, tokenizer: PreTrainedTokenizerBase) -> list[dict[str, Any]]:
+    """The episode as messages: a chat episode's own; a text episode's model and tool segments (by `env_mask`) as
+    assistant and tool turns, so that one table shows both kinds."""
+    if episode.messages:
+        return episode.messages
+    turns: list[dict[str, Any]] = []
+    start = 0
+    for end in range(1, len(episode.env_mask) + 1):
+        if end == len(episode.env_mask) or episode.env_mask[end] != episode.env_mask[start]:
+            text = tokenizer.decode(episode.completion_ids[start:end], skip_special_tokens=True)
+            turns.append({"role": "assistant" if episode.env_mask[start] else "tool", "content": text})
+            start = end
+    return turns
 
 
 class EpisodeGenerator:
     """`generate_with_ids`'s contract (tasks/scoring/generation.py) over tool episodes: each call returns the
     episodes' texts and ids per prompt, and keeps the episodes themselves in `runs` (one list per call)."""
 
-    def __init__(self, model: Any, tokenizer: Any, loop: TextToolLoop) -> None:
+    def __init__(self, model: Any, tokenizer: Any, loop: TextToolLoop | ChatToolLoop) -> None:
         self.model, self.tokenizer, self.loop = model, tokenizer, loop
         self.runs: list[list[list[Episode]]] = []
 
@@ -278,12 +313,7 @@ class EpisodeGenerator:
         self, prompts: Sequence[Any], *, max_new_tokens: int, batch_size: int, n: int = 1,
         temperature: float | None = None, top_p: float = 1.0, desc: str = "episodes",
     ) -> tuple[list[list[str]], list[list[list[int]]]]:  # fmt: skip
-        from grpo_pipeline.tasks.scoring.generation import (
-            generation_kwargs,
-            prompt_ids,
-            require_temperature,
-            stop_token_ids,
-        )
+        from grpo_pipeline.tasks.scoring.generation import generation_kwargs, require_temperature, stop_token_ids
 
         require_temperature(n, temperature)
         stop = stop_token_ids(self.model, self.tokenizer)
@@ -291,11 +321,11 @@ class EpisodeGenerator:
         settings = generation_kwargs(max_new_tokens=max_new_tokens, n=1, temperature=temperature, top_p=top_p,
                                      pad=pad, stop=stop)  # fmt: skip
         generate = hf_generate(self.model, pad, **settings)
-        rows = [ids for ids in prompt_ids(self.tokenizer, prompts) for _ in range(n)]  # prompt i: rows i*n..i*n+n-1
+        rows = [ids for ids in self.loop.prompt_ids(self.tokenizer, prompts) for _ in range(n)]  # prompt i: i*n..
         episodes: list[Episode] = []
         for start in range(0, len(rows), batch_size):
-            episodes += run_episodes(generate, self.tokenizer, rows[start : start + batch_size], self.loop,
-                                     max_new_tokens=max_new_tokens, stop=stop)  # fmt: skip
+            episodes += self.loop.episodes(generate, self.tokenizer, rows[start : start + batch_size],
+                                           max_new_tokens=max_new_tokens, stop=stop)  # fmt: skip
         grouped = [episodes[i * n : (i + 1) * n] for i in range(len(prompts))]
         self.runs.append(grouped)
         logger.debug("%s: %s", desc, episode_stats(episodes))

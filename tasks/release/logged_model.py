@@ -3,9 +3,10 @@ again by the checkpoint it holds (so a retried registration reuses it), and the 
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from grpo_pipeline.tasks.core.common import Checkpoint
 
@@ -32,9 +33,14 @@ def logged_model_of(client: MlflowClient, policy: Checkpoint) -> str | None:
 
 
 def completions_table(items: pd.DataFrame, max_items: int = 25) -> dict[str, list]:
-    """A sample of eval items, one row per sampled completion: prompt, completion, correct, reward per function."""
+    """A sample of eval items, one row per sampled completion: prompt, completion (a tool episode's final answer),
+    correct, reward per function; for tool episodes also the whole conversation (each model turn, tool call and
+    tool result, tasks/scoring/evaluation.py `tool_stats`) and its tool calls."""
     items = items.head(max_items)
     table: dict[str, list] = {"item": [], "prompt": [], "completion": [], "correct": []}
+    episodes = "sample_conversations" in items
+    if episodes:
+        table |= {"conversation": [], "tool_calls": []}
     names = (
         sorted({name for rewards in items["sample_rewards"] for name in rewards}) if "sample_rewards" in items else []
     )
@@ -47,9 +53,29 @@ def completions_table(items: pd.DataFrame, max_items: int = 25) -> dict[str, lis
             table["completion"].append(completion)
             ok = item["sample_correct"][j]
             table["correct"].append(None if ok is None else bool(ok))  # None: unscored
+            if episodes:
+                table["conversation"].append(transcript(item["sample_conversations"][j]))
+                table["tool_calls"].append(int(item["sample_tool_calls"][j]))
             for name in names:
                 table[f"reward/{name}"].append(item["sample_rewards"][name][j])
     return table
+
+
+def transcript(messages: list[dict[str, Any]]) -> str:
+    """An episode's turns as text, one block per turn: `[assistant]` with its content and any tool calls it asked
+    for (`-> name(arguments)`), `[tool name]` with the result the model read."""
+    blocks = []
+    for message in messages:
+        role = message.get("role", "?")
+        head = f"[tool {message['name']}]" if role == "tool" and message.get("name") else f"[{role}]"
+        calls = [
+            f"-> {call['function']['name']}({json.dumps(call['function'].get('arguments'), ensure_ascii=False)})"
+            for call in message.get("tool_calls") or []
+            if isinstance(call, dict) and "function" in call
+        ]
+        content = str(message.get("content") or "")
+        blocks.append("\n".join([head, *([content] if content else []), *calls]))
+    return "\n\n".join(blocks)
 
 
 def log_transformers_model(path: Path, card: str, max_new_tokens: int) -> ModelInfo:

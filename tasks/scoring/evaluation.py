@@ -329,16 +329,20 @@ def generator(
 
 def tool_stats(generate: Any, items: list[dict[str, Any]]) -> dict[str, float]:
     """The tool use of an EpisodeGenerator's two runs (greedy, then sampled), as `EvalResult.tools`; each item gets
-    its episodes' tool calls, errors and turn-limit hits (items.jsonl). {} for single completions."""
-    from grpo_pipeline.agents.text_tools import EpisodeGenerator, episode_stats
+    its episodes' tool calls, errors, turn-limit hits and whole conversations, each model turn and tool result
+    (items.jsonl, and the completions table logged to MLflow). {} for single completions."""
+    from grpo_pipeline.agents.text_tools import EpisodeGenerator, conversation, episode_stats
 
     if not isinstance(generate, EpisodeGenerator):
         return {}
     greedy, sampled = generate.runs
+    tokenizer = generate.tokenizer
     for item, (g,), samples in zip(items, greedy, sampled, strict=True):
         item.update(greedy_tool_calls=g.calls, sample_tool_calls=[e.calls for e in samples],
                     tool_errors=g.errors + sum(e.errors for e in samples),
-                    turn_limit_hits=int(g.hit_turn_limit) + sum(e.hit_turn_limit for e in samples))  # fmt: skip
+                    turn_limit_hits=int(g.hit_turn_limit) + sum(e.hit_turn_limit for e in samples),
+                    greedy_conversation=conversation(g, tokenizer),
+                    sample_conversations=[conversation(e, tokenizer) for e in samples])  # fmt: skip
     flat = [e for group in sampled for e in group]
     return {**episode_stats([g for (g,) in greedy], "tools/greedy_"), **episode_stats(flat, "tools/sampled_")}
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import pandas as pd
 from transformers import TrainerCallback
 
+from grpo_pipeline.agents.chat_tools import ChatToolLoop
 from grpo_pipeline.agents.text_tools import EpisodeGenerator, TextToolLoop
 from grpo_pipeline.configs.grpo import RewardSpec
 from grpo_pipeline.rewards import build_spec
@@ -53,7 +54,7 @@ def accuracy(items: list[float | None]) -> float:
 
 
 def greedy_correct(
-    model, tokenizer, rows: pd.DataFrame, reward, max_new_tokens: int, tools: TextToolLoop | None = None
+    model, tokenizer, rows: pd.DataFrame, reward, max_new_tokens: int, tools: TextToolLoop | ChatToolLoop | None = None
 ) -> list[float | None]:
     """Per row: 1.0 when its greedy completion gets `reward` >= 1.0, else 0.0; None when the reward could not
     score it (left out of the accuracy). With `tools`, each completion is a tool episode, as in training."""
@@ -119,7 +120,7 @@ class HeldOutAccuracyProbe(TrainerCallback):
         over_start: bool = False,
         rule: str = "confirm",
         margin: float = 0.0,
-        tools: TextToolLoop | None = None,
+        tools: TextToolLoop | ChatToolLoop | None = None,
     ):
         self.rows = rows.reset_index(drop=True)
         self.tokenizer = tokenizer
