@@ -84,6 +84,14 @@ class MonitorsConfig(Section):
         ge=0,
         description="The rise of the mean reward (in reward units, weights applied) that counts as progress.",
     )
+    turn_limit_max: float = Field(
+        default=0.9,
+        ge=0,
+        le=1,
+        description="Tool-using rounds (grpo.tools, grpo.environment): alarm when more than this fraction of the "
+        "episodes in a window still asked for a tool when grpo.max_tool_turns was spent (the call was not run): the "
+        "policy calls instead of answering, and its rewards score cut-off episodes.",
+    )
     sft_min_ratio: float = Field(
         default=0.5,
         ge=0,

@@ -173,9 +173,12 @@ def round_health(
 ) -> RoundHealth:
     """The round's health watch; the correctness reward, when it is one of the round's rewards, tells solved groups
     (saturation) from unsolved ones (the zero_spread alarm)."""
+    from grpo_pipeline.agents.trainer_args import uses_tools
+
     names = [spec.name for spec in cfg.rewards]
     index = names.index(correctness_reward.name) if correctness_reward.name in names else None
-    return RoundHealth(monitors, stage_name, cfg.beta, cfg.generations_per_prompt, weights, index)
+    turns = cfg.max_tool_turns if uses_tools(cfg) else None  # the turn_limit alarm watches tool-using rounds
+    return RoundHealth(monitors, stage_name, cfg.beta, cfg.generations_per_prompt, weights, index, turns)
 
 
 def round_name(round_index: int) -> str:

@@ -124,6 +124,38 @@ def test_a_converged_round_is_saturated_not_alarmed_and_an_all_wrong_one_is_alar
     assert hopeless.saturation is None
 
 
+def test_a_round_whose_episodes_keep_calling_at_the_turn_limit_is_alarmed():
+    monitor = HealthMonitor(quiet(window_steps=4, turn_limit_max=0.9))
+    for step in range(1, 9):  # 1 in 8 episodes past the limit: a policy that sometimes calls once too often
+        monitor.record_turn_limits(step, hits=1, episodes=8)
+    assert [a.kind for a in monitor.check(8)] == []
+    for step in range(9, 13):  # then all but 0.5 in 8 of them
+        monitor.record_turn_limits(step, hits=15, episodes=16)
+    (alarm,) = monitor.check(12)
+    assert alarm.kind == "turn_limit" and "94% of the episodes over steps 9-12" in alarm.message
+    assert "grpo.max_tool_turns" in alarm.message and "monitors.turn_limit_max=0.9" in alarm.message
+
+
+def test_the_round_reads_turn_limit_hits_from_either_tool_loop():
+    from grpo_pipeline.tasks.training.health import RoundHealth
+
+    def reward(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    health = RoundHealth(quiet(window_steps=1, turn_limit_max=0.5), "r1", 0.0, 2, [1.0], max_tool_turns=1)
+    (wrapped,) = health.wrap_rewards([reward])
+    wrapped(completions=["a", "b"], tool_turn_limit=[True, False])  # the text loop's column
+    assert health._take_turn_limits() == (1, 2) and health._take_turn_limits() is None
+    call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "f"}}]}
+    still_calling = [call, {"role": "tool", "name": "f", "content": "1"}, call]
+    wrapped(completions=[still_calling, still_calling])  # TRL's loop: message lists
+    health.step_end(1, None)
+    assert health.monitor.series["turn_limit"].values == [1.0] and alarm_kinds(health.alarms) == ["turn_limit"]
+    without_tools = RoundHealth(quiet(), "r1", 0.0, 2, [1.0])
+    without_tools.wrap_rewards([reward])[0](completions=[still_calling, still_calling])
+    assert without_tools._take_turn_limits() is None
+
+
 # ----------------------------------------------------------------------------- detection on synthetic sequences
 
 

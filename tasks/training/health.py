@@ -3,7 +3,8 @@
 A GRPO round can fail without an error: every group of completions gets one reward (zero advantage, so nothing to
 learn; the design notes measured 93% such groups from a weak SFT start), the policy collapses onto a few answers
 (entropy falls towards 0), completions shrink to nothing or run to the length limit, the policy drifts far from its
-reference (KL, when beta > 0), most updates hit the clipping range, the reward never rises, or the loss turns NaN.
+reference (KL, when beta > 0), most updates hit the clipping range, the reward never rises, the loss turns NaN, or
+(with tools) almost every episode is still calling a tool when the turn limit is spent.
 Each has an alarm whose threshold is in `monitors.*` (configs/monitors.py, MonitorsConfig).
 
 Readings are window means over `monitors.window_steps` optimizer steps: the round's *start* is its first window,
@@ -60,8 +61,13 @@ class RoundHealth:
         group_size: int,
         weights: Sequence[float],
         correctness_index: int | None = None,
+        max_tool_turns: int | None = None,
     ) -> None:
         self.cfg = cfg
+        # A tool-using round's turn limit (grpo.max_tool_turns; None: no tools): the turn_limit alarm reads, from the
+        # columns the rewards get, which episodes still called a tool when it was spent.
+        self.max_tool_turns = max_tool_turns
+        self._turn_limits: list[bool] | None = None
         # Which reward function is the correctness reward (a score >= 1.0 is a correct completion), to tell solved
         # zero-spread groups (saturation) from unsolved ones (the zero_spread alarm); None: no group counts as solved.
         self.correctness_index = correctness_index
@@ -92,6 +98,8 @@ class RoundHealth:
             async def record_async(*args: Any, **kwargs: Any) -> Any:
                 scores = await fn(*args, **kwargs)
                 self._pending[index] = list(scores)
+                if index == 0:
+                    self._turn_limits = self._read_turn_limits(kwargs)
                 return scores
 
             return functools.update_wrapper(record_async, fn)
@@ -99,9 +107,28 @@ class RoundHealth:
         def record(*args: Any, **kwargs: Any) -> Any:
             scores = fn(*args, **kwargs)
             self._pending[index] = list(scores)
+            if index == 0:
+                self._turn_limits = self._read_turn_limits(kwargs)
             return scores
 
         return functools.update_wrapper(record, fn)
+
+    def _read_turn_limits(self, columns: Mapping[str, Any]) -> list[bool] | None:
+        """Per completion of the step, whether it still called a tool when the turn limit was spent: the text loop's
+        `tool_turn_limit` column (agents/text_tools.py), else read from TRL's loop's message lists; None without
+        tools."""
+        if self.max_tool_turns is None:
+            return None
+        if "tool_turn_limit" in columns:
+            return [bool(hit) for hit in columns["tool_turn_limit"]]
+        from grpo_pipeline.agents.chat_tools import turn_limit_hits
+
+        return turn_limit_hits(columns.get("completions") or [], self.max_tool_turns)
+
+    def _take_turn_limits(self) -> tuple[int, int] | None:
+        """(hits, episodes) of this process's share of the step, once; None when it recorded none."""
+        hits, self._turn_limits = self._turn_limits, None
+        return None if hits is None else (sum(hits), len(hits))
 
     def _step_share(self) -> tuple[list[float], list[bool] | None] | None:
         """This process's share of the rewards scored during this step (if it generated): each completion's weighted
@@ -158,10 +185,13 @@ class RoundHealth:
 
     def step_end(self, step: int, model: torch.nn.Module | None) -> None:
         bad = nonfinite_parameter(model) if model is not None else None  # a sharded model: this process's shard
-        shares = gather((self._step_share(), bad))
-        self._record_rewards(step, [share for share, _ in shares])
+        shares = gather((self._step_share(), bad, self._take_turn_limits()))
+        self._record_rewards(step, [share for share, _, _ in shares])
+        turns = [t for _, _, t in shares if t is not None]
+        if turns:
+            self.monitor.record_turn_limits(step, sum(h for h, _ in turns), sum(n for _, n in turns))
         alarms = self.monitor.check(step)
-        bad = next((name for _, name in shares if name is not None), None)
+        bad = next((name for _, name, _ in shares if name is not None), None)
         if bad is not None:
             alarms.append(
                 Alarm(

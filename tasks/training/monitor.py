@@ -188,7 +188,7 @@ class HealthMonitor:
         self.cfg = cfg
         self.beta = beta
         self.first_step = first_step  # > 0 when a round resumes from a periodic checkpoint
-        names = (*TRL_KEYS, "reward", "zero_spread", "no_signal", "solved")
+        names = (*TRL_KEYS, "reward", "zero_spread", "no_signal", "solved", "turn_limit")
         self.series: dict[str, Series] = {name: Series() for name in names}
         self.zero_spread_reward = Series()  # mean reward of the unsolved zero-spread groups, for the message
         self.saturation: Alarm | None = None  # set once, when most groups are solved: a note, not an alarm
@@ -208,6 +208,12 @@ class HealthMonitor:
             self.series["solved"].add(step, rewards.solved / rewards.groups, rewards.groups)
         self.zero_spread_reward.add(step, rewards.zero_spread_reward, rewards.no_signal)
         self.series["reward"].add(step, rewards.mean, rewards.scored)
+
+    def record_turn_limits(self, step: int, hits: int, episodes: int) -> None:
+        """Of the `episodes` generated for `step` (a tool-using round), `hits` still asked for a tool when the turn
+        limit was spent."""
+        if episodes:
+            self.series["turn_limit"].add(step, hits / episodes, episodes)
 
     def record_logs(self, step: int, logs: Mapping[str, Any]) -> None:
         """TRL's logs at `step` (each value a mean over the steps since the previous log)."""
@@ -261,6 +267,15 @@ class HealthMonitor:
                 "grpo.difficulty_filter) or a denser reward",
             )
         self._check_saturation(step, lo, span)
+        turn = self.series["turn_limit"].mean(lo, step, latest_if_empty=False)
+        if turn is not None and turn > cfg.turn_limit_max:
+            fire(
+                "turn_limit",
+                f"{turn:.0%} of the episodes over {span} still called a tool when grpo.max_tool_turns was spent (the "
+                f"call was not run), above monitors.turn_limit_max={cfg.turn_limit_max}: the policy calls instead of "
+                "answering, and the rewards score cut-off episodes. Raise grpo.max_tool_turns, check that the tool's "
+                "results let it answer (tools/failure_frequency), or teach answering after a result in the SFT data",
+            )
         if self.beta > 0 and (kl := self.series["kl"].mean(lo, step)) is not None and kl > cfg.kl_max:
             fire(
                 "kl",
