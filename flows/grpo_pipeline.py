@@ -323,7 +323,8 @@ def sft_bar(cfg: PipelineConfig, data: DatasetRefs) -> dict[str, Any]:
     if cfg.sft.stop_at_accuracy is None:
         return {}
     return {"probe": data.probe, "correctness_reward": cfg.eval.correctness_reward,
-            "probe_tokens": cfg.eval.max_new_tokens}  # fmt: skip
+            "probe_tokens": cfg.eval.max_new_tokens, "tools": tuple(cfg.eval.tools or ()),
+            "max_tool_turns": cfg.eval.max_tool_turns or 1}  # fmt: skip  # episodes, as evaluation runs them
 
 
 def grpo_round(

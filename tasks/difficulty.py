@@ -16,6 +16,7 @@ round's starting policy or the data change. Sampling and scoring reuse evaluatio
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,7 +30,7 @@ from grpo_pipeline.rewards import build_spec
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref, atomic_dir, fingerprint_path, load_tokenizer, logger
 from grpo_pipeline.tasks.core.stage import RunContext, stage, user_code
 from grpo_pipeline.tasks.core.tracking import mlflow_run
-from grpo_pipeline.tasks.scoring.generation import generate
+from grpo_pipeline.tasks.scoring.generation import generate_with_ids
 from grpo_pipeline.tasks.scoring.items import judge
 
 TRAIN_FILE = "train.parquet"
@@ -51,6 +52,9 @@ class Rollouts(BaseModel):
     max_new_tokens: int
     batch_size: int
     correctness_reward: RewardSpec
+    # A tool-using recipe's rollouts are episodes: the round's tools and turn limit (grpo.tools, grpo.max_tool_turns)
+    tools: tuple[str, ...] = ()
+    max_tool_turns: int = 1
 
     @classmethod
     def of(cls, cfg: PipelineConfig) -> Rollouts:
@@ -60,6 +64,8 @@ class Rollouts(BaseModel):
             max_new_tokens=cfg.grpo.max_completion_tokens,
             batch_size=cfg.eval.batch_size,
             correctness_reward=cfg.eval.correctness_reward,
+            tools=tuple(cfg.grpo.tools),
+            max_tool_turns=cfg.grpo.max_tool_turns,
         )
 
 
@@ -111,18 +117,23 @@ def pass_rates(
     policy: Checkpoint, rows: pd.DataFrame, n: int, rollouts: Rollouts, seed: int, label: str
 ) -> list[tuple[int, int]]:
     """For each row, (correct, scored) over `n` samples from `policy`: a completion the correctness reward could not
-    score (None) is left out rather than counted wrong."""
+    score (None) is left out rather than counted wrong. With tools each sample is an episode, as the round's rollouts
+    are (agents/text_tools.py `eval_tool_loop`), so the pass rate is the one its groups will see."""
     import torch
     from transformers import AutoModelForCausalLM
+
+    from grpo_pipeline.agents.text_tools import EpisodeGenerator, eval_tool_loop
 
     tokenizer = load_tokenizer(policy.path)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(policy.path)
     model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
     torch.manual_seed(seed)
-    sampled = generate(
-        model,
-        tokenizer,
+    loop = eval_tool_loop(rollouts.tools, rollouts.max_tool_turns, tokenizer)
+    sample = (
+        EpisodeGenerator(model, tokenizer, loop) if loop else functools.partial(generate_with_ids, model, tokenizer)
+    )
+    sampled, _ = sample(
         rows["prompt"].tolist(),
         max_new_tokens=rollouts.max_new_tokens,
         batch_size=rollouts.batch_size,
@@ -136,7 +147,7 @@ def pass_rates(
 
 
 def _correctness_code(params: Mapping[str, Any]) -> dict[str, str]:
-    return user_code([params["rollouts"].correctness_reward.name])
+    return user_code([params["rollouts"].correctness_reward.name, *params["rollouts"].tools])
 
 
 @stage("difficulty-{label}", external=_correctness_code)

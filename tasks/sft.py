@@ -33,7 +33,7 @@ def _bar_code(params: Mapping[str, Any]) -> dict[str, str]:
     probe is imported by name (`bar_probe`), so that without the bar a reward edit does not rerun SFT."""
     if params["cfg"].stop_at_accuracy is None:
         return {}
-    return {"probe": code_version(PROBE_MODULE), **user_code([params["correctness_reward"].name])}
+    return {"probe": code_version(PROBE_MODULE), **user_code([params["correctness_reward"].name, *params["tools"]])}
 
 
 @stage("sft", external=_bar_code)
@@ -47,6 +47,8 @@ def sft_warmup(
     probe: Ref | None = None,
     correctness_reward: RewardSpec = CORRECTNESS,
     probe_tokens: int = 64,
+    tools: tuple[str, ...] = (),
+    max_tool_turns: int = 1,
     *,
     out: Path,
 ) -> Checkpoint:
@@ -54,7 +56,9 @@ def sft_warmup(
 
     With `cfg.stop_at_accuracy` and `probe` (the probe split), greedy accuracy on `probe` (judged by
     `correctness_reward`, completions of up to `probe_tokens` tokens) is measured every `cfg.probe_every_steps`
-    steps, and SFT ends at the first probe that reaches the bar; the checkpoint's `notes` say where it ended."""
+    steps, and SFT ends at the first probe that reaches the bar; the checkpoint's `notes` say where it ended. With
+    `tools` (eval.tools) each probe completion is an episode of at most `max_tool_turns` calls, as evaluation runs
+    it: an SFT that learned to call is measured with the tool's results, not cut at its first call."""
     from trl import SFTConfig, SFTTrainer
 
     dataset = load_split(train.require(), ["prompt", "completion"])
@@ -77,7 +81,9 @@ def sft_warmup(
             args=args,
             train_dataset=train_dataset,
             processing_class=tokenizer,
-            callbacks=bar_probe(cfg, tokenizer, probe, correctness_reward, probe_tokens, notes),
+            callbacks=bar_probe(
+                cfg, tokenizer, probe, correctness_reward, probe_tokens, notes, (tools, max_tool_turns)
+            ),
             **adapter_args(model_cfg),
         )
 
@@ -105,8 +111,10 @@ def bar_probe(
     correctness_reward: RewardSpec,
     probe_tokens: int,
     notes: list[str],
+    tools: tuple[tuple[str, ...], int] = ((), 1),
 ) -> list[TrainerCallback]:
-    """The probe that ends SFT at `cfg.stop_at_accuracy` (none without the bar)."""
+    """The probe that ends SFT at `cfg.stop_at_accuracy` (none without the bar); `tools` (names, turn limit) make
+    its completions tool episodes (agents/text_tools.py `eval_tool_loop`)."""
     if cfg.stop_at_accuracy is None:
         return []
     if probe is None:
@@ -114,9 +122,10 @@ def bar_probe(
     import pandas as pd
 
     rows = pd.read_parquet(probe.require()).head(cfg.probe_problems)
+    module = importlib.import_module(PROBE_MODULE)  # with its tool loops (agents/), keyed only with the bar
     return [
-        importlib.import_module(PROBE_MODULE).HeldOutAccuracyProbe(
+        module.HeldOutAccuracyProbe(
             rows, tokenizer, cfg.probe_every_steps, probe_tokens, correctness_reward,
-            notes=notes, stop_at=cfg.stop_at_accuracy,
+            notes=notes, stop_at=cfg.stop_at_accuracy, tools=module.eval_tool_loop(*tools, tokenizer),
         )
     ]  # fmt: skip

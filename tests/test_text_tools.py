@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -172,3 +173,32 @@ def test_evaluation_and_the_probe_run_episodes(tiny_dir: Path, tmp_path: Path) -
     model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny_dir), AutoTokenizer.from_pretrained(tiny_dir)
     scores = greedy_correct(model, tokenizer, rows, build_reward("final_answer"), 10, tools=CALC)
     assert len(scores) == 2 and EpisodeGenerator  # scored through the episode loop
+
+
+def test_the_sft_bar_and_the_difficulty_filter_run_episodes_with_the_recipes_tools(
+    tiny_dir: Path, tmp_path: Path, tokenizer, monkeypatch
+) -> None:
+    from grpo_pipeline.configs.schema import SFTStageConfig
+    from grpo_pipeline.flows.grpo_pipeline import sft_bar
+    from grpo_pipeline.tasks.core.common import Checkpoint, Ref
+    from grpo_pipeline.tasks.difficulty import Rollouts, pass_rates
+    from grpo_pipeline.tasks.sft import bar_probe
+
+    cfg = load_config(Path(__file__).parents[1] / "configs" / "tiny-tools.yaml", ["sft.stop_at_accuracy=0.9"])
+    bar = sft_bar(cfg, SimpleNamespace(probe=None))
+    assert (bar["tools"], bar["max_tool_turns"]) == (("calculator",), 1)  # what evaluation runs
+    rows = pd.DataFrame({"prompt": ["12+7=", "3+4="], "answer": ["19", "7"]})
+    rows.to_parquet(tmp_path / "probe.parquet")
+    probe = Ref(path=str(tmp_path / "probe.parquet"), fingerprint="x")
+    (callback,) = bar_probe(SFTStageConfig(stop_at_accuracy=0.9), tokenizer, probe, cfg.eval.correctness_reward, 10,
+                            [], (bar["tools"], bar["max_tool_turns"]))  # fmt: skip
+    assert callback.tools == CALC
+
+    rollouts = Rollouts.of(cfg)
+    assert (rollouts.tools, rollouts.max_tool_turns) == (("calculator",), 1)  # the round's rollouts are episodes
+    ran: list[int] = []
+    episodes = TextToolLoop.episodes
+    monkeypatch.setattr(TextToolLoop, "episodes", lambda self, *a, **k: ran.append(1) or episodes(self, *a, **k))
+    small = rollouts.model_copy(update={"max_new_tokens": 10, "batch_size": 4})
+    counts = pass_rates(Checkpoint(path=str(tiny_dir), fingerprint="t"), rows, 2, small, seed=0, label="t")
+    assert len(counts) == 2 and all(scored == 2 for _, scored in counts) and ran

@@ -28,7 +28,7 @@ import pandas as pd
 from transformers import TrainerCallback
 
 from grpo_pipeline.agents.chat_tools import ChatToolLoop
-from grpo_pipeline.agents.text_tools import EpisodeGenerator, TextToolLoop
+from grpo_pipeline.agents.text_tools import EpisodeGenerator, TextToolLoop, eval_tool_loop  # noqa: F401 (tasks/sft.py)
 from grpo_pipeline.configs.grpo import RewardSpec
 from grpo_pipeline.rewards import build_spec
 from grpo_pipeline.tasks.core.common import logger
