@@ -16,6 +16,7 @@ from grpo_pipeline.tasks.release.gate import item_metric
 from grpo_pipeline.tasks.release.versions import Registration
 from grpo_pipeline.tasks.scoring.evaluation import EvalResult
 from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci
+from grpo_pipeline.tasks.scoring.tool_use import is_tool_metric, tool_use_lines
 
 # The console width the summary's tables are laid out for, unless the caller gives its own: a metric name is never cut
 # (a console table squeezes a column narrower than its header to `pass_…`); the score columns wrap into more tables.
@@ -95,12 +96,15 @@ class ScoreRow(BaseModel):
     unscored: dict[str, int] = {}
     num_problems: int = 0
     unscored_line: str = ""
+    # A tool-using policy's episodes (EvalResult.tools): shown in a table of their own, not among the scores.
+    tools: dict[str, float] = {}
 
     @classmethod
     def of(cls, model: str, result: EvalResult) -> ScoreRow:
         return cls(
             model=model,
-            metrics=result.metrics(),
+            metrics={name: v for name, v in result.metrics().items() if not is_tool_metric(name)},
+            tools=result.tools,
             accuracy_ci=result.accuracy_ci,
             unscored=result.unscored,
             num_problems=result.num_problems,
@@ -243,6 +247,7 @@ class Summary(BaseModel):
                 "model": row.model,
                 "suite": table.name,
                 **row.metrics,
+                **row.tools,
                 **{f"unscored/{m}": u for m, u in row.unscored.items()},
                 **table.eval_settings,
             }
@@ -301,7 +306,8 @@ class Summary(BaseModel):
         return "\n".join(lines)
 
     def suite_lines(self, width: int = WIDTH) -> list[str]:
-        """Each suite's scores as tables that fit `width`, then what the correctness reward left unscored."""
+        """Each suite's scores as tables that fit `width` (and its tool use, where it ran tool episodes), then what the
+        correctness reward left unscored."""
         tables = self.suites or [SuiteTable(name=HELDOUT, scores=self.scores, eval_settings=self.eval_settings)]
         lines = []
         for table in tables:
@@ -309,6 +315,7 @@ class Summary(BaseModel):
             for group in self.score_groups(width, table.scores):
                 lines += ["", "| model | " + " | ".join(group) + " |", "|---|" + "---:|" * len(group)]
                 lines += [f"| {row.model} | " + " | ".join(row.shown(c) for c in group) + " |" for row in table.scores]
+            lines += tool_use_lines([(row.model, row.tools) for row in table.scores])
         named = len(tables) > 1
         unscored = [
             f"- {row.model}{f' on {table.name}' if named else ''}: {row.unscored_line}"

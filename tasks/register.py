@@ -42,7 +42,7 @@ from grpo_pipeline.tasks.core.tracking import (
     require_reachable,
     tracking_uri,
 )
-from grpo_pipeline.tasks.release.card import model_card
+from grpo_pipeline.tasks.release.card import model_card, trained_tools
 from grpo_pipeline.tasks.release.gate import ITEMS_ARTIFACT, GateDecision, decide, suite_items_artifact, suite_tags
 from grpo_pipeline.tasks.release.lineage import provenance_tags
 from grpo_pipeline.tasks.scoring.curves import CURVE_ARTIFACT, PROBE_METRIC, learning_curve_figure, metric_history
@@ -206,7 +206,7 @@ def register_policy(
             prompt = str(items["prompt"].iloc[0])
             card = model_card(
                 cfg, policy, result, baseline, gate, all_tags, config_yaml, prompt=prompt, suites=suites,
-                baselines=baselines,
+                baselines=baselines, text_calls=calls_in_text(path, config_yaml),
             )  # fmt: skip
             return gate, all_tags, card
 
@@ -222,6 +222,17 @@ def register_policy(
             client, policy, path, result, items, baseline, config_yaml, tags, card, (suites, baselines or {})
         )
         return _stored(create_gated_version(client, cfg, policy.run_id, model_id, gate, tags, card), ctx)
+
+
+def calls_in_text(path: Path, config_yaml: str) -> bool:
+    """Whether the policy at `path`, trained with tools, calls them in text (its chat template cannot carry tool
+    calls: agents/text_tools.py), which the card tells its users; False for a recipe without tools."""
+    if not trained_tools(config_yaml):
+        return False
+    from grpo_pipeline.agents.text_tools import needs_text_loop
+    from grpo_pipeline.tasks.core.common import load_tokenizer
+
+    return needs_text_loop(load_tokenizer(str(path)))
 
 
 def _log_suites(suites: dict[str, EvalResult], baselines: dict[str, EvalResult]) -> None:

@@ -7,11 +7,13 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 from grpo_pipeline.configs.schema import RegistryConfig
 from grpo_pipeline.tasks.core.common import Checkpoint
 from grpo_pipeline.tasks.release.gate import GateDecision
 from grpo_pipeline.tasks.scoring.evaluation import EvalResult
+from grpo_pipeline.tasks.scoring.tool_use import is_tool_metric, tool_use_lines
 
 
 def score_table(result: EvalResult, baseline: EvalResult | None) -> list[str]:
@@ -22,6 +24,8 @@ def score_table(result: EvalResult, baseline: EvalResult | None) -> list[str]:
     ]
     before = baseline.metrics() if baseline else {}
     for name, value in result.metrics().items():
+        if is_tool_metric(name):
+            continue  # the tool-use table shows them (`tool_lines`)
         shown = f"{value:.3f}"
         if name == "accuracy":
             shown += f" [{result.accuracy_ci[0]:.3f}, {result.accuracy_ci[1]:.3f}]"
@@ -43,9 +47,12 @@ def model_card(
     prompt: str,
     suites: dict[str, EvalResult] | None = None,
     baselines: dict[str, EvalResult] | None = None,
+    text_calls: bool = False,
 ) -> str:
     """The card as markdown; `prompt` (an eval prompt) shows how to call the model. `result` and `baseline` are
-    the gating suite's scores; every other suite in `suites` gets a table of its own."""
+    the gating suite's scores; every other suite in `suites` gets a table of its own. A policy trained with tools
+    gets a Tools section: which, how to give them to it (`text_calls`: the text call protocol of a model whose chat
+    template cannot carry tool calls), and how it used them on every suite."""
     recipe = tags.get("recipe", "?")
     gating_note = f" on `{result.suite}` (the gating suite)" if suites and len(suites) > 1 else ""
     lines = [
@@ -71,6 +78,7 @@ def model_card(
         result.unscored_line()
         or f"Every completion was scored by the correctness reward `{result.config.correctness_reward.name}`.",
         *other_suite_lines(result, suites or {}, baselines or {}),
+        *tool_lines(config_yaml, text_calls, {result.suite: result, **(suites or {})}, baselines or {}),
     ]
     notes = [*([f"**Warning**: {tags['sft_warning']}."] if tags.get("sft_warning") else []), *policy.notes]
     if notes:
@@ -106,6 +114,51 @@ def other_suite_lines(gating: EvalResult, suites: dict[str, EvalResult], baselin
             *([res.unscored_line()] if res.unscored_line() else []),
         ]
     return lines
+
+
+def tool_lines(
+    config_yaml: str, text_calls: bool, suites: dict[str, EvalResult], baselines: dict[str, EvalResult]
+) -> list[str]:
+    """The Tools section (none for a policy trained without tools): what it was trained with (the resolved config's
+    grpo.tools, grpo.environment, grpo.max_tool_turns), how to give it the tools, and its tool use per suite."""
+    grpo = trained_tools(config_yaml)
+    if not grpo:
+        return []
+    tools, environment, turns = grpo["tools"], grpo["environment"], grpo["max_tool_turns"]
+    trained = ", ".join(f"`{t}`" for t in tools) + (f"; environment `{environment}`" if environment else "")
+    lines = ["", "## Tools", f"Trained with tools {trained}, at most {turns} tool call turn(s) per episode.", ""]
+    if text_calls:
+        lines.append(
+            "Its chat template cannot carry tool calls, so it calls in text (agents/text_tools.py): it writes "
+            "`<<expression=`; stop it there, run the tool on the expression, append `result>>` and let it go on "
+            f"(at most {turns} call(s)); its answer is the text after the last `>>`."
+        )
+    else:
+        lines.append(
+            "Give it the same tools through its chat template, as training did (TRL's GRPOTrainer): "
+            "`tokenizer.apply_chat_template(messages, tools=[...], add_generation_prompt=True)` with the same "
+            "functions (their JSON schemas are rendered into the prompt); parse each reply with "
+            "`tokenizer.parse_response` (transformers), run its `tool_calls`, append one "
+            '`{"role": "tool", "name": ..., "content": ...}` message per call and generate again, '
+            f"at most {turns} time(s); the last assistant message is the answer."
+        )
+    for name, res in suites.items():
+        rows = [("this model", res.tools), ("before GRPO", baselines[name].tools if name in baselines else {})]
+        table = tool_use_lines(rows)
+        if table:
+            lines += ["", f"On `{name}`:", *table[1:]]
+    return lines
+
+
+def trained_tools(config_yaml: str) -> dict[str, Any]:
+    """The resolved config's grpo.tools, grpo.environment and grpo.max_tool_turns; {} for a recipe without tools."""
+    import yaml
+
+    grpo = (yaml.safe_load(config_yaml) or {}).get("grpo") or {}
+    if not grpo.get("tools") and not grpo.get("environment"):
+        return {}
+    return {"tools": grpo.get("tools") or [], "environment": grpo.get("environment"),
+            "max_tool_turns": grpo.get("max_tool_turns")}  # fmt: skip
 
 
 def training_lines(policy: Checkpoint, tags: dict[str, str]) -> list[str]:
