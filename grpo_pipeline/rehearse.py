@@ -215,8 +215,23 @@ def _replace_gpu_only(cfg: PipelineConfig, put: Any) -> list[str]:
         put("monitors.fail_fast", False)
         put("monitors.sft_not_learned", "warn")
         lines.append("fatal health alarms: a model with random weights trips them, so they are reported, never fatal")
+    if cfg.grpo.tools or cfg.grpo.environment:
+        lines.append(_tools_line(cfg))
     lines.append("memory and speed at the recipe's scale: benchmarks/gpu_throughput.py measures them on a GPU")
     return lines
+
+
+def _tools_line(cfg: PipelineConfig) -> str:
+    """What a rehearsal of a tool recipe runs of its tools: every path (the tools in the prompt, TRL's loop or the text
+    one, evaluated episodes), but a stand-in with random weights seldom writes a well-formed call, so the calls
+    themselves run only where it happens to; tests run them on a stand-in taught to call."""
+    tools = ", ".join([*cfg.grpo.tools, *([cfg.grpo.environment] if cfg.grpo.environment else [])])
+    return (
+        f"tool calls ({tools}): the episodes ran (tools rendered into the prompt, each completion parsed for calls, "
+        "evaluation through the same loop), but a stand-in with random weights seldom writes a well-formed call, so "
+        "the tools themselves ran only where it did (tests/test_agent_trl.py and tests/test_chat_tools.py run calls on "
+        "a stand-in taught to call)"
+    )
 
 
 def _rollouts_here(cfg: PipelineConfig, put: Any) -> str:

@@ -319,3 +319,20 @@ def test_every_shipped_recipe_rehearses_and_registers_under_the_rehearsal_name(
         assert suite.name in out
         if suite.source == "hf":
             assert f"eval.suites[{suite.name}]: {suite.hf_name}" in out
+
+
+def test_the_tools_recipe_rehearses_on_qwens_own_tool_template(shared_data, tmp_path):
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    from grpo_pipeline.agents.chat_tools import ChatToolLoop
+    from grpo_pipeline.agents.text_tools import eval_tool_loop
+    from grpo_pipeline.agents.trainer_args import check_tokenizer
+
+    _, cfg = rehearsed(ROOT / "configs" / "qwen2.5-0.5b-gsm8k-tools.yaml", shared_data, tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.base)
+    assert tokenizer.chat_template == qwen2_5_chat_template  # as Qwen2.5-Instruct's, tool branches included
+    check_tokenizer(tokenizer)  # TRL's loop runs through it: calls rendered, parsed back, prefixes kept
+    assert isinstance(eval_tool_loop(cfg.eval.tools, cfg.eval.max_tool_turns, tokenizer), ChatToolLoop)
+    assert cfg.eval.tools == cfg.grpo.tools == ["python"]
+    assert any(line.startswith("tool calls (python): the episodes ran") for line in cfg.rehearsal.not_rehearsed)

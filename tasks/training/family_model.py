@@ -25,7 +25,21 @@ from grpo_pipeline.tasks.core.common import atomic_dir
 # Qwen2's own pre-tokenizer split, so the BPE trained here splits text as the real tokenizer does.
 QWEN2_SPLIT = PRETOKENIZE_REGEX
 
-# Qwen2.5's chat template without its tool-calling branches (ChatML, with Qwen's default system turn).
+
+def qwen2_5_template() -> str:
+    """Qwen2.5's own chat template, tool-calling branches included, from TRL's copy (trl/chat_templates/qwen2_5.jinja,
+    the text TRL matches to parse tool calls and patch training templates): read from the installed package, never
+    downloaded, so a stand-in renders tools and tool messages exactly as Qwen2.5-Instruct does."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("trl")  # finds the package without importing it
+    if spec is None or spec.origin is None:
+        raise ConfigError("the Qwen2.5 stand-in takes its chat template from TRL's copy; install trl (pip install trl)")
+    return (Path(spec.origin).parent / "chat_templates" / "qwen2_5.jinja").read_text()
+
+
+# Qwen2.5's chat template without its tool-calling branches (ChatML, with Qwen's default system turn): a template that
+# cannot carry tool calls, for tests of what the pipeline says about such a model.
 CHATML = (
     "{%- if messages[0]['role'] == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
@@ -78,7 +92,7 @@ FAMILIES = {
         turn_end="<|im_end|>",
         bos=None,
         specials=("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
-        chat_template=CHATML,
+        chat_template=qwen2_5_template(),  # Qwen2.5 base and instruct checkpoints ship this one
         split=QWEN2_SPLIT,
         # Qwen2.5-*-Instruct's generation_config.json.
         instruct_generation={
