@@ -33,7 +33,10 @@ def _bar_code(params: Mapping[str, Any]) -> dict[str, str]:
     probe is imported by name (`bar_probe`), so that without the bar a reward edit does not rerun SFT."""
     if params["cfg"].stop_at_accuracy is None:
         return {}
-    return {"probe": code_version(PROBE_MODULE), **user_code([params["correctness_reward"].name, *params["tools"]])}
+    return {
+        "probe": code_version(PROBE_MODULE),
+        **user_code([params["correctness_reward"].name, *params.get("tools", ())]),
+    }
 
 
 @stage("sft", external=_bar_code)

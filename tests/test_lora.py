@@ -17,7 +17,7 @@ from grpo_pipeline.configs.schema import ConfigError, load_config
 from grpo_pipeline.tasks.core.common import Checkpoint
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.data import prepare_data
-from grpo_pipeline.tasks.grpo import grpo_train
+from grpo_pipeline.tasks.grpo import GRPORound, grpo_train
 from grpo_pipeline.tasks.model import prepare_base_model
 from grpo_pipeline.tasks.sft import sft_warmup
 from grpo_pipeline.tasks.training.trainer import check_model_runtime, has_cuda
@@ -64,7 +64,9 @@ def test_lora_trains_only_the_targeted_modules_and_saves_merged(tmp_path: Path) 
     ctx = RunContext.of(cfg)
 
     sft = sft_warmup(base, data.train, cfg.sft, cfg.model, ctx)
-    policy = grpo_train(sft, data.train, cfg.grpo, cfg.model, 1, ctx)
+    policy = grpo_train(
+        GRPORound(start=sft, train=data.train, cfg=cfg.grpo, model_cfg=cfg.model, round_index=1, ctx=ctx)
+    )
 
     for start, result in ((base, sft), (sft, policy)):
         diff = changed(start, result)

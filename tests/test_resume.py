@@ -168,7 +168,7 @@ def test_a_resumed_grpo_round_compares_with_its_true_start(tmp_path, monkeypatch
     start. The resumed attempt reads the start's results and weights from where the first attempt saved them
     (beside its checkpoints) and returns the start's weights, as the uninterrupted round does; before, it took the
     resume point (step 4) as its start and returned a trained step."""
-    from grpo_pipeline.tasks.grpo import grpo_train
+    from grpo_pipeline.tasks.grpo import GRPORound, grpo_train
     from grpo_pipeline.tasks.training import probe
 
     (tmp_path / "keep_resume_rewards.py").write_text(SHORTER)
@@ -188,7 +188,7 @@ def test_a_resumed_grpo_round_compares_with_its_true_start(tmp_path, monkeypatch
         base = prepare_base_model(cfg.model, cfg.run_dir, cfg.seed)
         start = load_file(str(Path(base.path) / "model.safetensors"))
 
-        def on_the_start(model, tokenizer, rows, reward, max_new_tokens):
+        def on_the_start(model, tokenizer, rows, reward, max_new_tokens, tools=None):
             named = {n: p for n, p in model.named_parameters() if n in start}
             assert named, "no parameter of the model is in the start checkpoint"
             same = all(torch.equal(p.detach().cpu(), start[n]) for n, p in named.items())
@@ -196,7 +196,10 @@ def test_a_resumed_grpo_round_compares_with_its_true_start(tmp_path, monkeypatch
 
         monkeypatch.setattr(probe, "greedy_correct", on_the_start)
         ctx = RunContext(run_dir=cfg.run_dir, experiment="resume", recipe="resume", seed=cfg.seed)
-        return grpo_train(base, data.train, cfg.grpo, cfg.model, 1, ctx, held_out=data.probe, monitors=None), start
+        spec = GRPORound(
+            start=base, train=data.train, cfg=cfg.grpo, model_cfg=cfg.model, round_index=1, ctx=ctx, held_out=data.probe
+        )
+        return grpo_train(spec), start
 
     uninterrupted, start = round_from_the_start(tmp_path / "uninterrupted")
     [note] = uninterrupted.notes

@@ -67,7 +67,7 @@ def rollout_round(taught, run_dir: Path, name: str) -> tuple[dict, list[float]]:
     import mlflow
 
     from grpo_pipeline.tasks.core.stage import RunContext
-    from grpo_pipeline.tasks.grpo import grpo_train
+    from grpo_pipeline.tasks.grpo import GRPORound, grpo_train
 
     policy, data = taught
     cfg = load_config(None, [f"run_dir={run_dir}", "grpo.use_vllm=true", "grpo.steps_per_round=4",
@@ -76,7 +76,9 @@ def rollout_round(taught, run_dir: Path, name: str) -> tuple[dict, list[float]]:
                              "grpo.keep_over_start=false"])  # fmt: skip
     check_vllm_runtime(cfg.grpo)  # allowed: colocated rollouts run on vLLM's CPU build
     ctx = RunContext(run_dir=str(run_dir), experiment="vllm-rollouts", recipe=name, seed=0)
-    trained = grpo_train(policy, data.train, cfg.grpo, cfg.model, 1, ctx, monitors=None)
+    trained = grpo_train(
+        GRPORound(start=policy, train=data.train, cfg=cfg.grpo, model_cfg=cfg.model, round_index=1, ctx=ctx)
+    )
     gaps = mlflow.MlflowClient().get_metric_history(trained.run_id, "sampling/sampling_logp_difference/mean")
     meta = json.loads((Path(trained.path) / "meta.json").read_text())
     return meta, [m.value for m in sorted(gaps, key=lambda m: m.step)]
