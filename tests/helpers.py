@@ -36,6 +36,7 @@ def micro_overrides(run_dir: Path) -> list[str]:
         # a 2-step round on 8 probe rows would mostly return its start, and such a round registers nothing
         "grpo.keep=last",
         "grpo.keep_over_start=false",
+        "grpo.keep_margin=0",
         "eval.n_samples=4",
         "eval.k=[1,2,4]",
         "model.tiny.hidden_size=32",
