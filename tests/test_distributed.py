@@ -94,7 +94,7 @@ RANK_PROBE = textwrap.dedent("""\
     LEVELS = {0: [1, 2, 3, 2, 1, 1, 1], 1: [0, 1, 2, 3, 4, 4, 4]}  # rows right per half, per probe (steps 0, 2, ..)
     measured = []
 
-    def by_rank(model, tokenizer, rows, reward, max_new_tokens):
+    def by_rank(model, tokenizer, rows, reward, max_new_tokens, tools=None):
         right = LEVELS[RANK][len(measured)]
         measured.append(right)
         choose, confirm = halves(len(rows))
