@@ -232,11 +232,35 @@ def grpo_pipeline(
         )  # fmt: skip
     warning = learned.warning if learned else None
 
-    # grpo.rounds is a maximum: no round starts after one that returned its start or saturated its probe.
-    rounds: list[Round] = []
     release = Release(run, cfg, base, baselines, sft_warning=warning, clean=clean)
+    rounds, stopped = grpo_rounds(run, cfg, policy, baselines, data, suites, model_cfg, release)
+    summary = Summary.build(
+        cfg, run.records, baseline, rounds,
+        sft_warning=warning, scores_of=scores_of, suite_seconds=run.suite_seconds, clean=clean, stopped=stopped,
+    )  # fmt: skip
+    return report(cfg, summary)
+
+
+Scores = dict[str, EvalResult]  # a policy's evaluation on every suite, by suite name, in the configured order
+
+
+def grpo_rounds(
+    run: Stages,
+    cfg: PipelineConfig,
+    policy: Checkpoint,
+    scores: Scores,
+    data: DatasetRefs,
+    suites: dict[str, Ref],
+    model_cfg: ModelConfig,
+    release: Release,
+) -> tuple[list[Round], str]:
+    """The GRPO rounds from `policy` (scored `scores`), each registered as the registry says, and why they ended
+    early (empty when grpo.rounds ran out). grpo.rounds is a maximum: no round starts after one that returned its
+    start or saturated its probe."""
+    rounds: list[Round] = []
+    stopped = ""
     for r in range(1, cfg.grpo.rounds + 1):
-        start, start_scores = (rounds[-1].policy, rounds[-1].suites) if rounds else (policy, baselines)
+        start, start_scores = (rounds[-1].policy, rounds[-1].suites) if rounds else (policy, scores)
         step = grpo_round(run, cfg, r, start=start, start_scores=start_scores, data=data, suites=suites,
                           model_cfg=model_cfg)  # fmt: skip
         rounds.append(step)
@@ -247,14 +271,7 @@ def grpo_pipeline(
     new = [i for i, x in enumerate(rounds) if not x.returned_start]
     if new and rounds[new[-1]].registration is None:  # rounds ended early: the last new policy is the run's result
         rounds[new[-1]] = release.register(rounds[new[-1]], rounds)
-    summary = Summary.build(
-        cfg, run.records, baseline, rounds,
-        sft_warning=warning, scores_of=scores_of, suite_seconds=run.suite_seconds, clean=clean, stopped=stopped,
-    )  # fmt: skip
-    return report(cfg, summary)
-
-
-Scores = dict[str, EvalResult]  # a policy's evaluation on every suite, by suite name, in the configured order
+    return rounds, stopped
 
 
 def stop_reason(step: Round, max_rounds: int) -> str:
