@@ -14,13 +14,23 @@ text loop's; `text` is the last assistant message's content, what `completion_te
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from grpo_pipeline.agents.registry import ToolError, resolve_tool
+from grpo_pipeline.agents.registry import (
+    DEFAULT_USER_LIMITS,
+    ToolError,
+    UserToolLimits,
+    contained_environment,
+    load_environment,
+    public_methods,
+    resolve_tool,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -32,44 +42,81 @@ Message = dict[str, Any]
 
 @dataclass(frozen=True)
 class ChatToolLoop:
-    """The tools an episode may call through the chat template (`grpo.tools` entries) and how many turns of calls."""
+    """The tools an episode may call through the chat template (`grpo.tools` entries), the environment whose
+    methods it may call too (`grpo.environment`, a fresh instance per episode, as TRL gives each rollout its own),
+    and how many turns of calls."""
 
     names: tuple[str, ...]
     max_turns: int
+    environment: str | None = None
+    limits: UserToolLimits = DEFAULT_USER_LIMITS  # how long an environment method may take, how much it may say
 
     @functools.cached_property
     def functions(self) -> list[Callable[..., Any]]:
         """The tools as TRL gets them: built-in functions, user tools contained (agents/registry.py)."""
         return [resolve_tool(name, f"eval.tools[{i}]") for i, name in enumerate(self.names)]
 
+    @functools.cached_property
+    def environment_class(self) -> type | None:
+        """The environment class with its tool methods contained, as training gets it (agents/trainer_args.py)."""
+        if self.environment is None:
+            return None
+        return contained_environment(load_environment(self.environment, "eval.environment"), self.limits)
+
+    def tools_of(self, episode: Episode) -> list[Callable[..., Any]]:
+        """What `episode` may call: the standalone tools, then its environment instance's methods (TRL's order)."""
+        if episode.environment is None:
+            return self.functions
+        instance = episode.environment
+        return self.functions + [getattr(instance, name) for name in public_methods(type(instance))]
+
+    def begin(
+        self, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Any], rows: Sequence[Mapping[str, Any]] | None
+    ) -> tuple[list[list[int]], list[Episode]]:
+        """Each episode's prompt ids and its Episode. With an environment each episode gets a new instance, reset with
+        its row (the prompt as messages, as TRL passes the row); text that reset returns extends the last message, and
+        the prompt is rendered with that instance's tools (GRPOTrainer._generate_and_score_completions)."""
+        from grpo_pipeline.agents.text_tools import Episode
+
+        if self.environment_class is None:
+            return self.prompt_ids(tokenizer, prompts), [Episode() for _ in prompts]
+        if rows is None or len(rows) != len(prompts):
+            raise ToolError(f"eval.environment: {self.environment!r} needs each prompt's row to reset an instance with")
+        episodes, ids = [], []
+        for prompt, row in zip(prompts, rows, strict=True):
+            messages = _chat_messages(prompt)
+            episode = Episode(environment=self.environment_class())
+            observation = episode.environment.reset(**{**row, "prompt": messages})
+            if isinstance(observation, str):
+                messages = [*messages[:-1], {**messages[-1], "content": messages[-1]["content"] + observation}]
+            ids.append(self._render(tokenizer, messages, self.tools_of(episode)))
+            episodes.append(episode)
+        return ids, episodes
+
     def prompt_ids(self, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Any]) -> list[list[int]]:
         """Each chat prompt rendered with the tools' schemas, as GRPOTrainer._tokenize_prompts renders it."""
-        from grpo_pipeline.tasks.scoring.chat import decode_messages
+        return [self._render(tokenizer, _chat_messages(prompt), self.functions) for prompt in prompts]
 
-        ids = []
-        for prompt in prompts:
-            messages = decode_messages(prompt)
-            if messages is None:
-                raise ToolError(
-                    "eval.tools: tool calls through the chat template need chat prompts (TRL's loop reads tool calls "
-                    "from assistant messages only); set data.prompt_format=chat"
-                )
-            ids.append(tokenizer.apply_chat_template(
-                messages, tools=self.functions or None, chat_template=training_template(tokenizer),
-                add_generation_prompt=True, tokenize=True, return_dict=False,
-            ))  # fmt: skip
-        return ids
+    def _render(
+        self, tokenizer: PreTrainedTokenizerBase, messages: list[Message], tools: list[Callable[..., Any]]
+    ) -> list[int]:
+        return tokenizer.apply_chat_template(
+            messages, tools=tools or None, chat_template=training_template(tokenizer), add_generation_prompt=True,
+            tokenize=True, return_dict=False,
+        )  # fmt: skip
 
     def episodes(
         self, generate: GenerateFn, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]], *,
-        max_new_tokens: int, stop: Sequence[int],
+        max_new_tokens: int, stop: Sequence[int], started: list[Episode] | None = None,
     ) -> list[Episode]:  # fmt: skip
-        return run_chat_episodes(generate, tokenizer, prompts, self, max_new_tokens=max_new_tokens, stop=stop)
+        return run_chat_episodes(generate, tokenizer, prompts, self, max_new_tokens=max_new_tokens, stop=stop,
+                                 started=started)  # fmt: skip
 
-    def call(self, call: Mapping[str, Any]) -> tuple[str, str, bool]:
-        """(tool name, result text, failed) for one parsed tool call, as `_tool_call_loop` runs it: an exception or an
-        unknown tool becomes `{'error': ...}`; a built-in tool's own refusal (`error: ...`) counts as failed too."""
-        by_name = {fn.__name__: fn for fn in self.functions}
+    def call(self, call: Mapping[str, Any], episode: Episode | None = None) -> tuple[str, str, bool]:
+        """(tool name, result text, failed) for one parsed tool call of `episode` (its environment's methods too), as
+        `_tool_call_loop` runs it: an exception or an unknown tool becomes `{'error': ...}`; a tool's own refusal
+        (`error: ...`, also a contained method that raised or did not return in time) counts as failed too."""
+        by_name = {fn.__name__: fn for fn in (self.tools_of(episode) if episode else self.functions)}
         if call.get("type") != "function":
             return call.get("name", "unknown"), str({"error": f"Unsupported tool call type: {call.get('type')}"}), True
         name, arguments = call["function"]["name"], call["function"].get("arguments") or {}
@@ -80,6 +127,29 @@ class ChatToolLoop:
         except Exception as e:  # TRL's loop turns any exception into the message the model reads
             return name, str({"error": str(e)}), True
         return name, result, result.startswith("error")
+
+
+def _chat_messages(prompt: Any) -> list[Message]:
+    """A stored chat prompt as messages, or ToolError: TRL's loop reads tool calls from assistant messages only."""
+    from grpo_pipeline.tasks.scoring.chat import decode_messages
+
+    messages = decode_messages(prompt)
+    if messages is None:
+        raise ToolError(
+            "eval.tools: tool calls through the chat template need chat prompts (TRL's loop reads tool calls from "
+            "assistant messages only); set data.prompt_format=chat"
+        )
+    return messages
+
+
+def environment_reward(episode: Episode) -> float | None:
+    """The episode's environment's `get_reward()` once it has ended (awaited when it is a coroutine), as TRL scores
+    a rollout; None without an environment or without `get_reward`. A failure there is the environment's and raises."""
+    get_reward = getattr(episode.environment, "get_reward", None)
+    if get_reward is None:
+        return None
+    reward = asyncio.run(get_reward()) if inspect.iscoroutinefunction(get_reward) else get_reward()
+    return None if reward is None else float(reward)
 
 
 def training_template(tokenizer: PreTrainedTokenizerBase) -> str | None:
@@ -115,14 +185,16 @@ def run_chat_episodes(
     *,
     max_new_tokens: int,
     stop: Sequence[int],
+    started: list[Episode] | None = None,
 ) -> list[Episode]:
-    """One episode per prompt (ids rendered by `loop.prompt_ids`), TRL's `_tool_call_loop` outside the trainer: parse
-    each completion; for those with tool calls run them, append the tool messages' ids (masked) and generate again,
-    at most `loop.max_turns` times. A result that would pass `max_new_tokens` is rolled back and the episode ends; an
-    episode still calling when the turns are spent is a turn-limit hit."""
+    """One episode per prompt (ids rendered by `loop.begin`, with `started` its episodes, or by `loop.prompt_ids`),
+    TRL's `_tool_call_loop` outside the trainer: parse each completion; for those with tool calls run them, append
+    the tool messages' ids (masked) and generate again, at most `loop.max_turns` times. A result that would pass
+    `max_new_tokens` is rolled back and the episode ends; an episode still calling when the turns are spent is a
+    turn-limit hit. An episode with an environment is scored by its `get_reward()` at the end (`env_reward`)."""
     from grpo_pipeline.agents.text_tools import Episode
 
-    episodes = [Episode() for _ in prompts]
+    episodes = started if started is not None else [Episode() for _ in prompts]
     active = list(range(len(prompts)))
     _generate_turn(generate, tokenizer, prompts, episodes, active, loop, max_new_tokens, stop)
     active = [i for i in active if _pending_calls(episodes[i])]
@@ -137,6 +209,7 @@ def run_chat_episodes(
             episodes[i].hit_turn_limit = True
     for episode in episodes:
         episode.text = next((m["content"] for m in reversed(episode.messages) if m["role"] == "assistant"), "")
+        episode.env_reward = environment_reward(episode)
     return episodes
 
 
@@ -157,7 +230,8 @@ def _generate_turn(
         ids = completion_ids(new, stop)[:budget]
         episodes[i].extend(ids, "", by_model=True)
         if ids:  # TRL appends no message for a turn cut to nothing
-            episodes[i].messages.append(parse_response(tokenizer, ids, prefix=context, tools=loop.functions))
+            tools = loop.tools_of(episodes[i])
+            episodes[i].messages.append(parse_response(tokenizer, ids, prefix=context, tools=tools))
 
 
 def _pending_calls(episode: Episode) -> list[Mapping[str, Any]]:
@@ -169,7 +243,7 @@ def _pending_calls(episode: Episode) -> list[Mapping[str, Any]]:
 def _answer_calls(tokenizer: PreTrainedTokenizerBase, episode: Episode, loop: ChatToolLoop, budget: int) -> bool:
     """Run the episode's pending calls and append their tool messages (ids masked out); False, with nothing
     appended, when the results would pass the token budget (TRL rolls them back and ends the episode)."""
-    results = [loop.call(call) for call in _pending_calls(episode)]
+    results = [loop.call(call, episode) for call in _pending_calls(episode)]
     messages = [{"role": "tool", "name": name, "content": content} for name, content, _ in results]
     suffix = tool_suffix_ids(tokenizer, messages)
     if len(episode.completion_ids) + len(suffix) > budget:

@@ -15,7 +15,7 @@ trained on. Each episode records its tool calls, tool errors and whether it wrot
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -55,11 +55,18 @@ class TextToolLoop:
 
         return prompt_ids(tokenizer, prompts)
 
+    def begin(
+        self, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Any], rows: Sequence[Mapping[str, Any]] | None
+    ) -> tuple[list[list[int]], list[Episode]]:
+        """Each episode's prompt ids and its empty Episode (the text loop has no environment: `rows` are unused)."""
+        return self.prompt_ids(tokenizer, prompts), [Episode() for _ in prompts]
+
     def episodes(
         self, generate: GenerateFn, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]], *,
-        max_new_tokens: int, stop: Sequence[int],
+        max_new_tokens: int, stop: Sequence[int], started: list[Episode] | None = None,
     ) -> list[Episode]:  # fmt: skip
-        return run_episodes(generate, tokenizer, prompts, self, max_new_tokens=max_new_tokens, stop=stop)
+        return run_episodes(generate, tokenizer, prompts, self, max_new_tokens=max_new_tokens, stop=stop,
+                            started=started)  # fmt: skip
 
 
 @dataclass
@@ -73,6 +80,8 @@ class Episode:
     errors: int = 0
     hit_turn_limit: bool = False  # wrote a call when no turn was left (the call was not run)
     messages: list[dict[str, Any]] = field(default_factory=list)  # a chat episode's turns (agents/chat_tools.py)
+    environment: Any = None  # the episode's own grpo.environment instance, reset with its row (agents/chat_tools.py)
+    env_reward: float | None = None  # that instance's get_reward() when the episode ended; None without one
 
     def extend(self, ids: Sequence[int], text: str, by_model: bool) -> None:
         self.completion_ids.extend(ids)
@@ -135,11 +144,13 @@ def run_episodes(
     *,
     max_new_tokens: int,
     stop: Sequence[int],
+    started: list[Episode] | None = None,
 ) -> list[Episode]:
     """One episode per prompt (token ids): generate until a stop token, the budget or an open call; run each call,
     append its result and `>>` (masked), and generate again for those rows, up to `loop.max_turns` calls. Every
-    token, the model's and the tool's, counts against `max_new_tokens` (a result past it is cut, as TRL cuts one)."""
-    episodes = [Episode() for _ in prompts]
+    token, the model's and the tool's, counts against `max_new_tokens` (a result past it is cut, as TRL cuts one).
+    `started`: the episodes to fill (`TextToolLoop.begin`), else new ones."""
+    episodes = started if started is not None else [Episode() for _ in prompts]
     active = list(range(len(prompts)))
     while active:
         budgets = [max_new_tokens - len(episodes[i].completion_ids) for i in active]
@@ -246,17 +257,22 @@ def text_tool_rollout(loop: TextToolLoop) -> Callable[[list[Any], Any], dict[str
 def episode_stats(episodes: Sequence[Episode], prefix: str = "tools/") -> dict[str, float]:
     """Per episode: tool calls (`call_frequency`, TRL's name), the share that called at least once (`used_share`),
     failed calls per call (`failure_frequency`, TRL's name; 0.0 without calls) and the share that wrote a call past
-    the turn limit (`turn_limit_share`)."""
+    the turn limit (`turn_limit_share`); with an environment that scores its episodes (`get_reward`), the mean of
+    their rewards (`environment_reward`, absent when none was scored)."""
     n = len(episodes)
     if not n:
         return {}
     calls = sum(e.calls for e in episodes)
-    return {
+    stats = {
         f"{prefix}call_frequency": calls / n,
         f"{prefix}used_share": sum(e.calls > 0 for e in episodes) / n,
         f"{prefix}failure_frequency": sum(e.errors for e in episodes) / calls if calls else 0.0,
         f"{prefix}turn_limit_share": sum(e.hit_turn_limit for e in episodes) / n,
     }
+    rewards = [e.env_reward for e in episodes if e.env_reward is not None]
+    if rewards:
+        stats[f"{prefix}environment_reward"] = sum(rewards) / len(rewards)
+    return stats
 
 
 def text_rollout_kwargs(cfg: GRPOStageConfig, tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
@@ -270,20 +286,27 @@ def text_rollout_kwargs(cfg: GRPOStageConfig, tokenizer: PreTrainedTokenizerBase
 
 
 def eval_tool_loop(
-    tools: Sequence[str] | None, max_turns: int | None, tokenizer: Any
+    tools: Sequence[str] | None, max_turns: int | None, tokenizer: Any, environment: str | None = None
 ) -> TextToolLoop | ChatToolLoop | None:
-    """The loop evaluation, the probes and the difficulty filter run for `tools` (eval.tools, grpo.tools) on this
-    tokenizer's model, the one training runs: in text where the chat template cannot carry tool calls, else TRL's
-    loop through the chat template (agents/chat_tools.py). None without tools."""
+    """The loop evaluation, the probes and the difficulty filter run for `tools` and `environment` (eval.tools and
+    eval.environment, grpo's) on this tokenizer's model, the one training runs: in text where the chat template
+    cannot carry tool calls, else TRL's loop through the chat template (agents/chat_tools.py), with a fresh
+    environment instance per episode. None without tools or an environment."""
     from grpo_pipeline.agents.chat_tools import ChatToolLoop
     from grpo_pipeline.agents.trainer_args import check_tokenizer
 
-    if not tools:
+    if not tools and environment is None:
         return None
     if needs_text_loop(tokenizer):
-        return text_tool_loop(tools, max_turns or 1, "eval.tools")
+        if environment is not None:
+            raise ToolError(
+                f"eval.environment: {environment!r} runs through TRL's tool loop, which needs a chat template that "
+                "carries tool calls, and this model's cannot; use such a model, or set eval.tools=[] to score single "
+                "completions"
+            )
+        return text_tool_loop(tools or [], max_turns or 1, "eval.tools")
     check_tokenizer(tokenizer)  # sets TRL's response template, as GRPOTrainer does
-    return ChatToolLoop(tuple(tools), max_turns or 1)
+    return ChatToolLoop(tuple(tools or ()), max_turns or 1, environment)
 
 
 def conversation(episode: Episode, tokenizer: PreTrainedTokenizerBase) -> list[dict[str, Any]]:
@@ -303,10 +326,14 @@ def conversation(episode: Episode, tokenizer: PreTrainedTokenizerBase) -> list[d
 
 class EpisodeGenerator:
     """`generate_with_ids`'s contract (tasks/scoring/generation.py) over tool episodes: each call returns the
-    episodes' texts and ids per prompt, and keeps the episodes themselves in `runs` (one list per call)."""
+    episodes' texts and ids per prompt, and keeps the episodes themselves in `runs` (one list per call). `rows`
+    (the prompts' dataset rows, in order) reset an environment's instances; every call then gets those prompts."""
 
-    def __init__(self, model: Any, tokenizer: Any, loop: TextToolLoop | ChatToolLoop) -> None:
-        self.model, self.tokenizer, self.loop = model, tokenizer, loop
+    def __init__(
+        self, model: Any, tokenizer: Any, loop: TextToolLoop | ChatToolLoop,
+        rows: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:  # fmt: skip
+        self.model, self.tokenizer, self.loop, self.rows = model, tokenizer, loop, rows
         self.runs: list[list[list[Episode]]] = []
 
     def __call__(
@@ -321,11 +348,24 @@ class EpisodeGenerator:
         settings = generation_kwargs(max_new_tokens=max_new_tokens, n=1, temperature=temperature, top_p=top_p,
                                      pad=pad, stop=stop)  # fmt: skip
         generate = hf_generate(self.model, pad, **settings)
-        rows = [ids for ids in self.loop.prompt_ids(self.tokenizer, prompts) for _ in range(n)]  # prompt i: i*n..
+        return self.run(generate, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size, n=n, stop=stop,
+                        desc=desc)  # fmt: skip
+
+    def run(
+        self, generate: GenerateFn, prompts: Sequence[Any], *, max_new_tokens: int, batch_size: int, n: int,
+        stop: Sequence[int], desc: str,
+    ) -> tuple[list[list[str]], list[list[list[int]]]]:  # fmt: skip
+        """`n` episodes per prompt (prompt i's are i*n..), generated by `generate` in batches of `batch_size`."""
+        if self.rows is not None and len(self.rows) != len(prompts):
+            raise ValueError(f"{desc}: {len(prompts)} prompts but {len(self.rows)} rows to reset environments with")
+        repeated = [p for p in prompts for _ in range(n)]
+        rows = None if self.rows is None else [r for r in self.rows for _ in range(n)]
+        ids, started = self.loop.begin(self.tokenizer, repeated, rows)
         episodes: list[Episode] = []
-        for start in range(0, len(rows), batch_size):
-            episodes += self.loop.episodes(generate, self.tokenizer, rows[start : start + batch_size],
-                                           max_new_tokens=max_new_tokens, stop=stop)  # fmt: skip
+        for start in range(0, len(ids), batch_size):
+            batch = slice(start, start + batch_size)
+            episodes += self.loop.episodes(generate, self.tokenizer, ids[batch], max_new_tokens=max_new_tokens,
+                                           stop=stop, started=started[batch])  # fmt: skip
         grouped = [episodes[i * n : (i + 1) * n] for i in range(len(prompts))]
         self.runs.append(grouped)
         logger.debug("%s: %s", desc, episode_stats(episodes))

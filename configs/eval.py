@@ -139,6 +139,12 @@ class EvalConfig(Section):
     max_tool_turns: int | None = Field(
         default=None, ge=1, description="Tool calls per evaluated episode at most; null: grpo.max_tool_turns."
     )
+    environment: str | None = Field(
+        default=None,
+        description="The environment class ('pkg.module:Class') whose fresh instance each evaluated episode is reset "
+        "with (its row), calls (its public methods) and is scored by (get_reward(), reported beside the scores); "
+        "null: grpo.environment when eval.tools is not given either, else none.",
+    )
     max_unscored_fraction: float = Field(
         default=0.02,
         ge=0,

@@ -120,13 +120,16 @@ class PipelineConfig(Section):
     @classmethod
     def _tools_as_trained(cls, raw: Any) -> Any:
         """Evaluation runs the episodes training runs: eval.tools and eval.max_tool_turns, when not given, take
-        grpo.tools and grpo.max_tool_turns (the evaluation, the probe and the gate then score tool-using episodes)."""
+        grpo.tools and grpo.max_tool_turns, and eval.environment takes grpo.environment when neither it nor eval.tools
+        is given (the evaluation, the probe and the gate then score tool-using episodes; eval.tools=[] opts out)."""
         if not isinstance(raw, dict) or not isinstance(raw.get("grpo", {}), dict):
             return raw
         section, grpo = raw.get("eval", {}), raw.get("grpo", {})
         if not isinstance(section, dict):
             return raw
         filled = dict(section)
+        if filled.get("tools") is None and filled.get("environment") is None:
+            filled["environment"] = grpo.get("environment")
         if filled.get("tools") is None:
             filled["tools"] = grpo.get("tools", [])
         if filled.get("max_tool_turns") is None:

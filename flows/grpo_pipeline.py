@@ -341,7 +341,8 @@ def sft_bar(cfg: PipelineConfig, data: DatasetRefs) -> dict[str, Any]:
         return {}
     return {"probe": data.probe, "correctness_reward": cfg.eval.correctness_reward,
             "probe_tokens": cfg.eval.max_new_tokens, "tools": tuple(cfg.eval.tools or ()),
-            "max_tool_turns": cfg.eval.max_tool_turns or 1}  # fmt: skip  # episodes, as evaluation runs them
+            "max_tool_turns": cfg.eval.max_tool_turns or 1,  # episodes, as evaluation runs them
+            **({"environment": cfg.eval.environment} if cfg.eval.environment else {})}  # fmt: skip
 
 
 def grpo_round(

@@ -55,6 +55,7 @@ class Rollouts(BaseModel):
     # A tool-using recipe's rollouts are episodes: the round's tools and turn limit (grpo.tools, grpo.max_tool_turns)
     tools: tuple[str, ...] = ()
     max_tool_turns: int = 1
+    environment: str | None = None  # grpo.environment: a fresh instance per sampled episode, reset with its row
 
     @classmethod
     def of(cls, cfg: PipelineConfig) -> Rollouts:
@@ -66,6 +67,7 @@ class Rollouts(BaseModel):
             correctness_reward=cfg.eval.correctness_reward,
             tools=tuple(cfg.grpo.tools),
             max_tool_turns=cfg.grpo.max_tool_turns,
+            environment=cfg.grpo.environment,
         )
 
 
@@ -129,9 +131,11 @@ def pass_rates(
     model = AutoModelForCausalLM.from_pretrained(policy.path)
     model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
     torch.manual_seed(seed)
-    loop = eval_tool_loop(rollouts.tools, rollouts.max_tool_turns, tokenizer)
+    loop = eval_tool_loop(rollouts.tools, rollouts.max_tool_turns, tokenizer, rollouts.environment)
     sample = (
-        EpisodeGenerator(model, tokenizer, loop) if loop else functools.partial(generate_with_ids, model, tokenizer)
+        EpisodeGenerator(model, tokenizer, loop, rows.to_dict("records"))
+        if loop
+        else functools.partial(generate_with_ids, model, tokenizer)
     )
     sampled, _ = sample(
         rows["prompt"].tolist(),
@@ -147,7 +151,8 @@ def pass_rates(
 
 
 def _correctness_code(params: Mapping[str, Any]) -> dict[str, str]:
-    return user_code([params["rollouts"].correctness_reward.name, *params["rollouts"].tools])
+    rollouts = params["rollouts"]
+    return user_code([rollouts.correctness_reward.name, *rollouts.tools, *filter(None, [rollouts.environment])])
 
 
 @stage("difficulty-{label}", external=_correctness_code)

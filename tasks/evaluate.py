@@ -20,7 +20,10 @@ from grpo_pipeline.tasks.scoring.evaluation import EvalResult, evaluate_model
 
 
 def _eval_code(params: dict[str, Any]) -> dict[str, str]:
-    return user_code([params["cfg"].correctness_reward.name, *(r.name for r in params.get("rewards") or ())])
+    """The user code an evaluation runs: its rewards, and the tools and environment its episodes call."""
+    cfg = params["cfg"]
+    tools = [*(cfg.tools or ()), *([cfg.environment] if cfg.environment else [])]
+    return user_code([cfg.correctness_reward.name, *(r.name for r in params.get("rewards") or ()), *tools])
 
 
 @stage("eval-{label}", external=_eval_code)

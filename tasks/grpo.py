@@ -150,7 +150,7 @@ def round_callbacks(
     if rows is not None and len(rows) and cfg.probe_problems:
         keep = {"keep_best": cfg.keep == "best_probe", "patience": cfg.probe_patience, "notes": notes,
                 "over_start": cfg.keep_over_start, "rule": cfg.keep_rule, "margin": cfg.keep_margin,
-                "tools": eval_tool_loop(cfg.tools, cfg.max_tool_turns, tokenizer)}  # fmt: skip
+                "tools": eval_tool_loop(cfg.tools, cfg.max_tool_turns, tokenizer, cfg.environment)}  # fmt: skip
         probe = HeldOutAccuracyProbe(
             rows, tokenizer, cfg.probe_every_steps, cfg.max_completion_tokens, correctness_reward, **keep
         )

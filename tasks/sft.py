@@ -35,7 +35,7 @@ def _bar_code(params: Mapping[str, Any]) -> dict[str, str]:
         return {}
     return {
         "probe": code_version(PROBE_MODULE),
-        **user_code([params["correctness_reward"].name, *params.get("tools", ())]),
+        **user_code([params["correctness_reward"].name, *params.get("tools", ()), params.get("environment") or ""]),
     }
 
 
@@ -52,6 +52,7 @@ def sft_warmup(
     probe_tokens: int = 64,
     tools: tuple[str, ...] = (),
     max_tool_turns: int = 1,
+    environment: str | None = None,
     *,
     out: Path,
 ) -> Checkpoint:
@@ -60,8 +61,9 @@ def sft_warmup(
     With `cfg.stop_at_accuracy` and `probe` (the probe split), greedy accuracy on `probe` (judged by
     `correctness_reward`, completions of up to `probe_tokens` tokens) is measured every `cfg.probe_every_steps`
     steps, and SFT ends at the first probe that reaches the bar; the checkpoint's `notes` say where it ended. With
-    `tools` (eval.tools) each probe completion is an episode of at most `max_tool_turns` calls, as evaluation runs
-    it: an SFT that learned to call is measured with the tool's results, not cut at its first call."""
+    `tools` (eval.tools) or `environment` (eval.environment) each probe completion is an episode of at most
+    `max_tool_turns` calls, as evaluation runs it: an SFT that learned to call is measured with the tool's results,
+    not cut at its first call."""
     from trl import SFTConfig, SFTTrainer
 
     dataset = load_split(train.require(), ["prompt", "completion"])
@@ -85,7 +87,7 @@ def sft_warmup(
             train_dataset=train_dataset,
             processing_class=tokenizer,
             callbacks=bar_probe(
-                cfg, tokenizer, probe, correctness_reward, probe_tokens, notes, (tools, max_tool_turns)
+                cfg, tokenizer, probe, correctness_reward, probe_tokens, notes, (tools, max_tool_turns), environment
             ),
             **adapter_args(model_cfg),
         )
@@ -115,9 +117,10 @@ def bar_probe(
     probe_tokens: int,
     notes: list[str],
     tools: tuple[tuple[str, ...], int] = ((), 1),
+    environment: str | None = None,
 ) -> list[TrainerCallback]:
-    """The probe that ends SFT at `cfg.stop_at_accuracy` (none without the bar); `tools` (names, turn limit) make
-    its completions tool episodes (agents/text_tools.py `eval_tool_loop`)."""
+    """The probe that ends SFT at `cfg.stop_at_accuracy` (none without the bar); `tools` (names, turn limit) and
+    `environment` make its completions tool episodes (agents/text_tools.py `eval_tool_loop`)."""
     if cfg.stop_at_accuracy is None:
         return []
     if probe is None:
@@ -129,6 +132,6 @@ def bar_probe(
     return [
         module.HeldOutAccuracyProbe(
             rows, tokenizer, cfg.probe_every_steps, probe_tokens, correctness_reward,
-            notes=notes, stop_at=cfg.stop_at_accuracy, tools=module.eval_tool_loop(*tools, tokenizer),
+            notes=notes, stop_at=cfg.stop_at_accuracy, tools=module.eval_tool_loop(*tools, tokenizer, environment),
         )
     ]  # fmt: skip

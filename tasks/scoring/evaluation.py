@@ -135,6 +135,7 @@ class EvalResult(BaseModel):
             # the episodes: a champion scored on single completions is scored again with the tools
             "eval_tools": ",".join(self.config.tools or []),
             "eval_max_tool_turns": self.config.max_tool_turns or 0,
+            "eval_environment": self.config.environment or "",
         }
 
     def unscored_line(self) -> str:
@@ -298,17 +299,17 @@ def vllm_version() -> str:
 
 
 def generator(
-    model_path: str, tokenizer: Any, cfg: EvalConfig, sampling: dict[str, Any], seed: int
+    model_path: str, tokenizer: Any, cfg: EvalConfig, sampling: dict[str, Any], seed: int, rows: pd.DataFrame
 ) -> tuple[Callable[..., Any], dict]:
     """What generates the evaluation's completions (`generate_with_ids`'s signature, bound to a model) by
-    `cfg.backend`, and the record of the sampler it applies with `sampling` (EvalResult.generation). With tools
-    (eval.tools) on a model that calls them in text, an `EpisodeGenerator`: the episodes GRPO trains on."""
+    `cfg.backend`, and the record of the sampler it applies with `sampling` (EvalResult.generation). With tools or
+    an environment (eval.tools, eval.environment), an `EpisodeGenerator` over `rows`: the episodes GRPO trains on."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from grpo_pipeline.agents.text_tools import EpisodeGenerator, eval_tool_loop
 
-    loop = eval_tool_loop(cfg.tools, cfg.max_tool_turns, tokenizer)
+    loop = eval_tool_loop(cfg.tools, cfg.max_tool_turns, tokenizer, cfg.environment)
     if loop is not None and cfg.backend == "vllm":
         raise ValueError(
             "eval.backend is 'vllm' but tool episodes are generated with transformers; set eval.backend=hf"
@@ -322,7 +323,9 @@ def generator(
     record = recorded_settings(model, tokenizer, max_new_tokens=cfg.max_new_tokens, **sampling)
     dtype = str(model.dtype).removeprefix("torch.")
     generate = (
-        EpisodeGenerator(model, tokenizer, loop) if loop else functools.partial(generate_with_ids, model, tokenizer)
+        EpisodeGenerator(model, tokenizer, loop, rows.to_dict("records"))
+        if loop
+        else functools.partial(generate_with_ids, model, tokenizer)
     )
     return generate, {"backend": "hf", "dtype": dtype, **record}
 
@@ -343,6 +346,8 @@ def tool_stats(generate: Any, items: list[dict[str, Any]]) -> dict[str, float]:
                     turn_limit_hits=int(g.hit_turn_limit) + sum(e.hit_turn_limit for e in samples),
                     greedy_conversation=conversation(g, tokenizer),
                     sample_conversations=[conversation(e, tokenizer) for e in samples])  # fmt: skip
+        if g.environment is not None:  # the environment's own score of each episode (None: it has no get_reward)
+            item.update(greedy_env_reward=g.env_reward, sample_env_rewards=[e.env_reward for e in samples])
     flat = [e for group in sampled for e in group]
     return {**episode_stats([g for (g,) in greedy], "tools/greedy_"), **episode_stats(flat, "tools/sampled_")}
 
@@ -373,7 +378,7 @@ def evaluate_model(
     texts = [render_prompt(tokenizer, p) for p in prompts]  # a chat prompt as the model reads it
     sampling = {"n": cfg.n_samples, "temperature": cfg.temperature, "top_p": cfg.top_p}
     torch.manual_seed(seed)
-    generate, generation = generator(model_path, tokenizer, cfg, sampling, seed)
+    generate, generation = generator(model_path, tokenizer, cfg, sampling, seed, rows)
     settings = {"max_new_tokens": cfg.max_new_tokens, "batch_size": cfg.batch_size}
     greedy, greedy_ids = generate(prompts, **settings, desc=f"eval {label} greedy")
     sampled, sampled_ids = generate(prompts, **settings, **sampling, desc=f"eval {label} pass@k")

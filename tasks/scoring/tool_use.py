@@ -11,6 +11,7 @@ READINGS = (
     ("used_share", "episodes that called", True),
     ("failure_frequency", "failed calls (of calls)", True),
     ("turn_limit_share", "turn-limit hits (of episodes)", True),
+    ("environment_reward", "environment reward (mean)", False),  # only where an environment scored its episodes
 )
 PREFIX = "tools/"
 
@@ -31,12 +32,17 @@ def tool_use_table(rows: Sequence[tuple[str, Mapping[str, float]]]) -> list[str]
     rows = [(model, tools) for model, tools in rows if tools]
     if not rows:
         return []
+    shown = [(r, h, s) for r, h, s in READINGS if r != "environment_reward" or _any_reading(rows, r)]
     lines = [
-        "| model | " + " | ".join(heading for _, heading, _ in READINGS) + " |",
-        "|---|" + "---:|" * len(READINGS),
+        "| model | " + " | ".join(heading for _, heading, _ in shown) + " |",
+        "|---|" + "---:|" * len(shown),
     ]
-    lines += [f"| {model} | " + " | ".join(_cell(tools, r, s) for r, _, s in READINGS) + " |" for model, tools in rows]
+    lines += [f"| {model} | " + " | ".join(_cell(tools, r, s) for r, _, s in shown) + " |" for model, tools in rows]
     return lines
+
+
+def _any_reading(rows: Sequence[tuple[str, Mapping[str, float]]], reading: str) -> bool:
+    return any(f"{PREFIX}{run}_{reading}" in tools for _, tools in rows for run in ("greedy", "sampled"))
 
 
 def tool_use_lines(rows: Sequence[tuple[str, Mapping[str, float]]]) -> list[str]:

@@ -66,7 +66,7 @@ def greedy_correct(
         if tools is None:
             texts = generate(model, tokenizer, prompts, **settings)
         else:
-            texts, _ = EpisodeGenerator(model, tokenizer, tools)(prompts, **settings)
+            texts, _ = EpisodeGenerator(model, tokenizer, tools, rows.to_dict("records"))(prompts, **settings)
     finally:
         model.train(was_training)
         tokenizer.padding_side = side
