@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # fixtures are built once), the slowest files first (tests/conftest.py). PYTEST_WORKERS=1 runs them in one process.
 PYTEST_WORKERS ?= auto
 
-.PHONY: run test test-fast test-postgres test-vllm lint install serve stop status clean
+.PHONY: run test test-fast test-postgres test-vllm gpu-check lint install serve stop status clean
 
 # bubblewrap isolates model-written programs in the code reward's sandbox (docs/rewards.md); without it, as root,
 # the sandbox refuses to run them. Installed where we can (root on Debian/Ubuntu); never fails the install.
@@ -63,6 +63,18 @@ $(VLLM_VENV)/.installed: pyproject.toml tests/vllm_env.sh
 
 test-vllm: $(VLLM_VENV)/.installed
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q tests/test_vllm.py $(PYTEST_ARGS)
+
+# The GPU check (benchmarks/gpu_check.py, under 8 minutes on one GPU): GRPO steps with colocated vLLM, evaluation
+# through vLLM, bf16 autocast, QLoRA (bitsandbytes), two-process DDP where two GPUs are present; one summary line.
+# It needs the gpu extra (vLLM's CUDA build, bitsandbytes, DeepSpeed) in the project's environment, installed once;
+# where there is no CUDA device it says what it would measure and fails before installing anything.
+$(VENV)/.gpu-installed: $(VENV)/.installed
+	$(BIN)/python benchmarks/gpu_check.py --preflight
+	$(BIN)/pip install -q -e ".[gpu]"
+	touch $@
+
+gpu-check: install $(VENV)/.gpu-installed
+	$(BIN)/python benchmarks/gpu_check.py
 
 # Unit tests only: no server, no sandbox, no pipeline run (well under a minute).
 test-fast: install
