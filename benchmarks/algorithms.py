@@ -8,12 +8,14 @@ cache; each variant's round is then trained, evaluated on the held-out split and
 its own). Printed, per recipe and variant: greedy held-out accuracy, its mean over seeds with a 95% t-interval, the
 paired difference from `dapo` (the default) with a t-interval over seeds, and seconds per GRPO step (the trainer's
 `train_runtime` over its steps, so probes and evaluation are left out). `--jobs 2` runs two seeds at a time with one
-thread each: seconds per step are then those of a loaded machine, the same for every variant.
+thread each: seconds per step are then those of a loaded machine, the same for every variant; `--ray ADDRESS`
+runs each variant's command as a Ray task of one CPU instead (one thread too, so the same results).
 
 Usage:
   python benchmarks/algorithms.py --seeds 0-2 --jobs 2                      # tiny-arith and tiny-code
   python benchmarks/algorithms.py --recipes configs/tiny-arith.yaml --seeds 0-2 --variants dapo,cispo
   python benchmarks/algorithms.py --run-dir D ...   # finished variants in D are reused, not trained again
+  python benchmarks/algorithms.py --seeds 0-5 --ray HOST:PORT   # each variant a Ray task (benchmarks/fanout.py)
 The last line is machine-readable: best=<recipe:variant,...> beats_dapo=<recipe:variant,...>
 """
 
@@ -24,14 +26,14 @@ import json
 import statistics
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from scipy import stats
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from learning import run_pipeline  # noqa: E402
+from fanout import ONE_THREAD, Runner  # noqa: E402
+from learning import Launch, run_pipeline  # noqa: E402
 from seeds import parse_seeds  # noqa: E402
 
 # The objective of each variant (docs/algorithms.md); everything else is the recipe's own.
@@ -55,14 +57,17 @@ VARIANTS: dict[str, list[str]] = {
 RECIPES = ("configs/tiny-arith.yaml", "configs/tiny-code.yaml")
 
 
-def run_variant(config: Path, seed_dir: Path, seed: int, variant: str, extra: list[str], env: dict[str, str]) -> dict:
-    """One variant's round 1 on one seed (reused when its record exists): accuracy and seconds per step."""
+def run_variant(
+    config: Path, seed_dir: Path, seed: int, variant: str, extra: list[str], env: dict[str, str], launch: Launch
+) -> dict:
+    """One variant's round 1 on one seed (reused when its record exists): accuracy and seconds per step; `launch`
+    starts the run here or on a Ray cluster (benchmarks/fanout.py)."""
     record_file = seed_dir / f"variant-{variant}.json"
     if record_file.exists():
         return json.loads(record_file.read_text())
     overrides = [f"seed={seed}", f"data.seed={seed}", "grpo.rounds=1", *VARIANTS[variant], *extra]
     overrides.append(f"registry.model_name={config.stem}-{variant}")
-    record = run_pipeline(config, seed_dir, overrides, env)
+    record = run_pipeline(config, seed_dir, overrides, env, launch)
     summary = record["summary"]
     [registration] = summary["registrations"]
     accuracy = {row["model"]: row["metrics"]["accuracy"] for row in summary["scores"]}
@@ -146,6 +151,12 @@ def main() -> None:
     parser.add_argument("--seeds", default="0-2", help="Seeds, e.g. 0-2 or 0,3,5 (at least 3 for an interval).")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"Any of {', '.join(VARIANTS)}.")
     parser.add_argument("--jobs", type=int, default=1, help="Seeds run at a time (one thread each).")
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="Run each variant as a Ray task of one CPU on the cluster at ADDRESS (host:port, or 'local' for a Ray "
+        "instance started here) instead of --jobs threads; run directories must be on shared storage.",
+    )
     parser.add_argument("--run-dir", type=Path, default=None, help="Default: a fresh one under runs/.")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides for every variant.")
     args = parser.parse_args()
@@ -155,16 +166,18 @@ def main() -> None:
     if "dapo" not in variants:
         variants.insert(0, "dapo")  # the baseline every other variant is compared with
     run_dir = args.run_dir or REPO / "runs" / f"benchmark-algorithms-{time.strftime('%Y%m%d-%H%M%S')}"
-    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} if args.jobs > 1 else {}
     jobs = [(REPO / recipe, seed) for recipe in args.recipes.split(",") for seed in parse_seeds(args.seeds)]
 
-    def one_seed(job: tuple[Path, int]) -> list[dict]:
-        config, seed = job
-        seed_dir = run_dir / config.stem / f"seed-{seed}"
-        return [run_variant(config, seed_dir, seed, v, args.overrides, env) for v in variants]
+    with Runner(args.jobs, args.ray) as runner:
+        env = ONE_THREAD if runner.parallel else {}
 
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = [r for rows in pool.map(one_seed, jobs) for r in rows]
+        def one_seed(job: tuple[Path, int]) -> list[dict]:
+            # a seed's variants in turn: the first trains SFT, the others take it from the cache
+            config, seed = job
+            seed_dir = run_dir / config.stem / f"seed-{seed}"
+            return [run_variant(config, seed_dir, seed, v, args.overrides, env, runner.launch) for v in variants]
+
+        results = [r for rows in runner.map(one_seed, jobs) for r in rows]
     (run_dir / "algorithms.json").write_text(json.dumps(results, indent=2))
     lines, best, beats = table(results, variants)
     print("\n".join(lines))

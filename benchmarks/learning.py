@@ -17,16 +17,16 @@ Usage:
   python benchmarks/learning.py --run-dir D --reuse   # analyse the run already in D (no training)
   python benchmarks/learning.py -- grpo.steps_per_round=300   # overrides are passed to the pipeline
   python benchmarks/learning.py --seeds 0-5 --jobs 2  # one run per seed and the mean over seeds (benchmarks/seeds.py)
+  python benchmarks/learning.py --seeds 0-5 --ray HOST:PORT  # the same, each seed a Ray task (benchmarks/fanout.py)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,19 +38,29 @@ from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci  # noqa: E40
 from grpo_pipeline.tasks.sources.synthetic import function_family, needs_carry  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
+from fanout import Runner, run_command  # noqa: E402
 from seeds import parse_seeds, plot, report, run_seeds  # noqa: E402
+
+Launch = Callable[[list[str], Path, dict[str, str | None]], dict]
 
 RECORD = "benchmark-record.json"
 CODE_REWARDS = ("code_tests",)  # rewards that run programs in the sandbox (rewards/code.py)
 PROFILE = "profiling/Time taken: GRPOTrainer.{}"  # TRL times each reward call under this MLflow metric
 
 
-def run_pipeline(config: Path, run_dir: Path, overrides: list[str], extra_env: dict[str, str] | None = None) -> dict:
-    """`grpo-pipeline run` in a subprocess (as `make run`), timed from the outside."""
+def run_pipeline(
+    config: Path,
+    run_dir: Path,
+    overrides: list[str],
+    extra_env: dict[str, str] | None = None,
+    launch: Launch = run_command,
+) -> dict:
+    """`grpo-pipeline run` in a subprocess (as `make run`), timed from the outside; `launch` starts it here or on
+    a Ray cluster (benchmarks/fanout.py)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     summary_path = run_dir / "summary.json"
-    env = {**os.environ, **(extra_env or {}), "PREFECT_HOME": str(run_dir.resolve() / ".prefect")}
-    env.pop("MLFLOW_TRACKING_URI", None)  # the run directory's own store, so the benchmark can read it back
+    env: dict[str, str | None] = {**(extra_env or {}), "PREFECT_HOME": str(run_dir.resolve() / ".prefect")}
+    env["MLFLOW_TRACKING_URI"] = None  # the run directory's own store, so the benchmark can read it back
     env["GRPO_PIPELINE_STACK_DIR"] = str(run_dir.resolve() / "no-stack")  # never a running stack's MLflow
     cmd = [
         sys.executable,
@@ -65,12 +75,11 @@ def run_pipeline(config: Path, run_dir: Path, overrides: list[str], extra_env: d
         str(summary_path),
     ]
     print("$", " ".join(cmd), flush=True)
-    start = time.perf_counter()
-    subprocess.run(cmd, cwd=REPO, env=env, check=True)
-    total_s = time.perf_counter() - start
+    ran = launch(cmd, REPO, env)
     record = {
         "command": cmd,
-        "total_s": total_s,
+        "total_s": ran["seconds"],
+        "node": ran["node"],
         "summary": json.loads(summary_path.read_text()),
         "overrides": overrides,
         "config": str(config),
@@ -153,20 +162,27 @@ def main() -> None:
     parser.add_argument("--reuse", action="store_true", help="Analyse the finished run in --run-dir; do not train.")
     parser.add_argument("--seeds", help="Run once per seed (e.g. 0-5 or 0,2,4) and report over seeds.")
     parser.add_argument("--jobs", type=int, default=1, help="With --seeds: seeds run at a time (one thread each).")
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="With --seeds: run each seed as a Ray task of one CPU on the cluster at ADDRESS (host:port, or 'local' "
+        "for a Ray instance started here) instead of --jobs threads; run directories must be on shared storage.",
+    )
     parser.add_argument("--plot", type=Path, help="With --seeds: draw accuracy per stage per seed to this PNG.")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides passed to the pipeline.")
     args = parser.parse_args()
 
     run_dir = args.run_dir or REPO / "runs" / f"benchmark-learning-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.seeds:
-        rows = run_seeds(
-            parse_seeds(args.seeds),
-            run_dir,
-            args.overrides,
-            args.jobs,
-            lambda d, overrides, env: run_pipeline(args.config, d, overrides, env),
-            lambda d, record: seed_figures(d, record),
-        )
+        with Runner(args.jobs, args.ray) as runner:
+            rows = run_seeds(
+                parse_seeds(args.seeds),
+                run_dir,
+                args.overrides,
+                runner,
+                lambda d, overrides, env: run_pipeline(args.config, d, overrides, env, runner.launch),
+                lambda d, record: seed_figures(d, record),
+            )
         if args.plot:
             plot(rows, args.plot)
         print(report(rows))

@@ -7,6 +7,8 @@ held-out problems), how many rounds ran (grpo.rounds is a maximum) and the whole
 the range of final accuracies, the mean gain with a t-interval (95%) across seeds, and the worst lower bounds
 (`--plot` draws each seed's accuracy per stage). `--jobs 2` runs two seeds at a time with one thread each (the
 2-core machine); wall times are then those of a loaded machine, so `make run`'s own time is measured by a plain run.
+`--ray ADDRESS` (or `--ray local`) runs each seed as a Ray task of one CPU instead (benchmarks/fanout.py), each
+with one thread too, so the results are the same as with `--jobs`.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from fanout import ONE_THREAD, Runner
 from scipy import stats
 
 
@@ -33,12 +35,13 @@ def run_seeds(
     seeds: list[int],
     run_dir: Path,
     overrides: list[str],
-    jobs: int,
+    runner: Runner,
     run_one: Callable[[Path, list[str], dict[str, str]], dict],
     analyse: Callable[[Path, dict], dict],
 ) -> list[dict]:
-    """Run (or reuse, where `seed-S` holds a finished record) each seed; return each seed's analysis."""
-    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} if jobs > 1 else {}
+    """Run (or reuse, where `seed-S` holds a finished record) each seed, at once as `runner` allows (`run_one`
+    starts its command through the same runner); return each seed's analysis."""
+    env = ONE_THREAD if runner.parallel else {}
 
     def one(seed: int) -> dict:
         seed_dir = run_dir / f"seed-{seed}"
@@ -49,8 +52,7 @@ def run_seeds(
             record = run_one(seed_dir, [f"seed={seed}", f"data.seed={seed}", *overrides], env)
         return {"seed": seed, **analyse(seed_dir, record)}
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(one, seeds))
+    return runner.map(one, seeds)
 
 
 def report(rows: list[dict]) -> str:

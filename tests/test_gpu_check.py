@@ -39,7 +39,8 @@ def test_without_cuda_it_refuses_names_what_it_would_measure_and_exits_non_zero(
 
 
 def test_the_plan_lists_every_part_with_what_it_measures(gpu_check) -> None:
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--plan"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    cmd = [sys.executable, str(SCRIPT), "--plan"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0
     for name in ("vllm_grpo", "eval", "bf16", "qlora", "ddp"):
         assert name in proc.stdout
