@@ -118,22 +118,45 @@ def open_call(text: str) -> str | None:
     return None if TOOL_RESULT_END in expression else expression
 
 
+@dataclass(frozen=True)
+class CallWatch:
+    """Which rows of one generation pass must stop: a row whose completion (`before[row]`, then the ids it generated
+    in this pass) ends in an open call while it may still call (`may_call[row]`)."""
+
+    tokenizer: Any
+    before: list[str]
+    may_call: list[bool]
+
+    def ends_call(self, row: int, new: Sequence[int]) -> bool:
+        """Whether `new` (the row's ids of this pass) ends in an open call it may make; only decoded when its last
+        token contains CALL_END."""
+        if not self.may_call[row] or not new or CALL_END not in self.tokenizer.decode(list(new[-1:])):
+            return False
+        return open_call(self.before[row] + self.tokenizer.decode(list(new), skip_special_tokens=True)) is not None
+
+
+def call_end_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The ids of the vocabulary's tokens whose text contains CALL_END: where a generator without a stopping
+    criterion (vLLM) must pause to ask `CallWatch` whether a call was opened."""
+    return [i for i in range(len(tokenizer)) if CALL_END in tokenizer.decode([i])]
+
+
 def call_stop(tokenizer: PreTrainedTokenizerBase, width: int, before: list[str], may_call: list[bool]) -> Any:
     """A StoppingCriteria that ends a row when its completion (`before`, then what it generated past `width`) ends in
-    an open call and it may still call; only rows whose last token contains CALL_END are decoded."""
+    an open call and it may still call (`CallWatch`, kept as its `watch` for generators that cannot take it)."""
     import torch
     from transformers import StoppingCriteria
 
+    watch = CallWatch(tokenizer, before, may_call)
+
     class CallStop(StoppingCriteria):
         def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
-            done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-            for r in range(input_ids.shape[0]):
-                if may_call[r] and CALL_END in tokenizer.decode(input_ids[r, -1:]):
-                    new = tokenizer.decode(input_ids[r, width:], skip_special_tokens=True)
-                    done[r] = open_call(before[r] + new) is not None
-            return done
+            done = [watch.ends_call(r, input_ids[r, width:].tolist()) for r in range(input_ids.shape[0])]
+            return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
-    return CallStop()
+    stop = CallStop()
+    stop.watch = watch
+    return stop
 
 
 def run_episodes(
@@ -340,16 +363,23 @@ class EpisodeGenerator:
         self, prompts: Sequence[Any], *, max_new_tokens: int, batch_size: int, n: int = 1,
         temperature: float | None = None, top_p: float = 1.0, desc: str = "episodes",
     ) -> tuple[list[list[str]], list[list[list[int]]]]:  # fmt: skip
-        from grpo_pipeline.tasks.scoring.generation import generation_kwargs, require_temperature, stop_token_ids
+        from grpo_pipeline.tasks.scoring.generation import require_temperature
 
         require_temperature(n, temperature)
+        generate, stop = self.turns(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+        return self.run(generate, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size, n=n, stop=stop,
+                        desc=desc)  # fmt: skip
+
+    def turns(self, *, max_new_tokens: int, temperature: float | None, top_p: float) -> tuple[GenerateFn, list[int]]:
+        """What generates each turn (transformers' generate with these settings, one sample per row) and the stop
+        tokens that end a turn; a subclass may generate otherwise (tasks/scoring/vllm_generation.py)."""
+        from grpo_pipeline.tasks.scoring.generation import generation_kwargs, stop_token_ids
+
         stop = stop_token_ids(self.model, self.tokenizer)
         pad = self.tokenizer.pad_token_id
         settings = generation_kwargs(max_new_tokens=max_new_tokens, n=1, temperature=temperature, top_p=top_p,
                                      pad=pad, stop=stop)  # fmt: skip
-        generate = hf_generate(self.model, pad, **settings)
-        return self.run(generate, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size, n=n, stop=stop,
-                        desc=desc)  # fmt: skip
+        return hf_generate(self.model, pad, **settings), stop
 
     def run(
         self, generate: GenerateFn, prompts: Sequence[Any], *, max_new_tokens: int, batch_size: int, n: int,

@@ -202,3 +202,32 @@ def test_the_sft_bar_and_the_difficulty_filter_run_episodes_with_the_recipes_too
     small = rollouts.model_copy(update={"max_new_tokens": 10, "batch_size": 4})
     counts = pass_rates(Checkpoint(path=str(tiny_dir), fingerprint="t"), rows, 2, small, seed=0, label="t")
     assert len(counts) == 2 and all(scored == 2 for _, scored in counts) and ran
+
+
+def test_a_generator_without_stopping_criteria_pauses_at_each_equals_sign(tokenizer) -> None:
+    """vLLM cannot take the text loop's StoppingCriteria: its turns pause at every token containing `=` and a row
+    that opened no call it may make is continued (tasks/scoring/vllm_generation.py), so the episode is the one a
+    criterion would have cut. A stand-in engine answers each request with the next scripted piece."""
+    from grpo_pipeline.tasks.scoring.vllm_generation import turn_generator
+
+    pieces = {"12+7=": ["x=", "<<12+7=", "19</s>"], "3+4=": ["7</s>"]}
+    requests: list[str] = []
+
+    def llm_generate(requests_: list, params: list, use_tqdm: bool) -> list:
+        outs = []
+        for request in requests_:
+            text = tokenizer.decode(request["prompt_token_ids"], skip_special_tokens=True)
+            requests.append(text)
+            prompt = next(p for p in pieces if text.startswith(p))
+            ids = tokenizer(pieces[prompt].pop(0), add_special_tokens=False)["input_ids"]
+            outs.append(SimpleNamespace(outputs=[SimpleNamespace(token_ids=ids)]))
+        return outs
+
+    engine = SimpleNamespace(tokenizer=tokenizer, max_len=64, stop=[tokenizer.eos_token_id],
+                             params=lambda **kw: kw, llm=SimpleNamespace(generate=llm_generate))  # fmt: skip
+    generate = turn_generator(engine, temperature=None, top_p=1.0)
+    prompts = [tokenizer("12+7=")["input_ids"], tokenizer("3+4=")["input_ids"]]
+    (first, plain) = run_episodes(generate, tokenizer, prompts, CALC, max_new_tokens=20, stop=[tokenizer.eos_token_id])
+    assert first.text == "x=<<12+7=19>>19" and (first.calls, first.errors) == (1, 0)  # paused at `x=`, went on
+    assert plain.text == "7" and plain.calls == 0
+    assert [r.removeprefix("12+7=") for r in requests if r.startswith("12+7=")] == ["", "x=", "x=<<12+7=19>>"]
