@@ -21,12 +21,19 @@ Usage (a CUDA GPU with the `gpu` extra: pip install -e ".[gpu]"):
   python benchmarks/gpu_throughput.py --prompts-per-step 8 --completion-tokens 256 --steps 8
 The last line is machine-readable: `vllm_speedup=<vllm tokens/s / hf tokens/s> step_s=<s> peak_gib=<device GiB>`.
 On a machine without CUDA it says so and exits 0, having measured nothing.
+
+Per GPU and per node: on a machine with several GPUs the rollouts are also measured on each GPU in turn; with
+`--ray ADDRESS` (a cluster's head, or `local`) only the rollouts run, once on every node of the cluster that offers
+a GPU (a Ray task of one GPU pinned to the node, which builds the model there), one line per node and a last line
+`nodes=<n> hf_tokens_per_s=<min>..<max> vllm_tokens_per_s=<min>..<max>`; the machine running it needs no GPU.
+  python benchmarks/gpu_throughput.py --ray HEAD:6379 --completion-tokens 256
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import string
@@ -286,13 +293,85 @@ PARTS = {"hf": part_hf, "vllm": part_vllm, "grpo": part_grpo}
 # ----------------------------------------------------------------------------- orchestration
 
 
-def run_part(name: str, model_dir: Path, argv: list[str], work: Path) -> dict[str, float]:
-    """Run one part in a fresh process and read back its result."""
+def run_part(
+    name: str, model_dir: Path, argv: list[str], work: Path, env: dict[str, str] | None = None
+) -> dict[str, float]:
+    """Run one part in a fresh process (with `env` added to its environment) and read back its result."""
     result = work / f"{name}.json"
     cmd = [sys.executable, __file__, *argv, "--part", name, "--model-dir", str(model_dir), "--result", str(result)]
     print(f"[{name}] running ...", flush=True)
-    subprocess.run(cmd, check=True)
+    subprocess.run(cmd, check=True, env={**os.environ, **(env or {})})
     return json.loads(result.read_text())
+
+
+# ----------------------------------------------------------------------------- per GPU and per node
+
+
+def rollouts(model_dir: Path, argv: list[str], work: Path, env: dict[str, str] | None = None) -> dict[str, float]:
+    """Rollout tokens/s with generate and (where installed) vLLM on the GPU(s) `env` leaves visible."""
+    import importlib.util
+
+    row = {"hf": run_part("hf", model_dir, argv, work, env)["tokens_per_s"], "vllm": float("nan")}
+    if importlib.util.find_spec("vllm") is not None:
+        row["vllm"] = run_part("vllm", model_dir, argv, work, env)["tokens_per_s"]
+    return row
+
+
+def per_device(model_dir: Path, argv: list[str], work: Path, devices: int) -> list[dict[str, Any]]:
+    """The rollouts on each of this machine's GPUs in turn (CUDA_VISIBLE_DEVICES), one row each."""
+    import torch
+
+    rows = []
+    for i in range(devices):
+        row = rollouts(model_dir, argv, work, {"CUDA_VISIBLE_DEVICES": str(i)})
+        rows.append({"where": f"gpu {i}", "gpus": torch.cuda.get_device_name(i), **row})
+    return rows
+
+
+def node_rollouts(argv: list[str]) -> dict[str, Any]:
+    """One Ray node's row: builds the model in a scratch folder there and measures its rollouts on the GPU Ray
+    gave this task (the script's path must be the same on every node: one image or shared storage)."""
+    import socket
+
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="gpu-throughput-node-") as tmp:
+        model_dir = build_qwen2(Path(tmp) / "model", QWEN25_05B)
+        row = rollouts(model_dir, argv, Path(tmp))
+    return {"where": socket.gethostname(), "gpus": torch.cuda.get_device_name(0), **row}
+
+
+def gpu_nodes(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The live nodes of `ray.nodes()` that offer Ray a GPU."""
+    return [n for n in nodes if n["Alive"] and n["Resources"].get("GPU", 0) > 0]
+
+
+def per_node(address: str, argv: list[str]) -> list[dict[str, Any]]:
+    """One Ray task of one GPU per GPU node of the cluster at `address`, pinned to its node; their rows."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    ray.init(address=None if address == "local" else address)
+    try:
+        nodes = gpu_nodes(ray.nodes())
+        task = ray.remote(num_gpus=1)(node_rollouts)
+        pinned = [
+            task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(argv)
+            for n in nodes
+        ]
+        return ray.get(pinned)
+    finally:
+        ray.shutdown()
+
+
+def rows_table(rows: list[dict[str, Any]]) -> str:
+    """Rollout tokens/s per GPU or node, and a machine-readable last line over them."""
+    lines = [f"{'where':24} {'GPU':28} {'hf tokens/s':>12} {'vLLM tokens/s':>14}"]
+    lines += [f"{r['where']:24} {r['gpus']:28} {r['hf']:12.0f} {r['vllm']:14.0f}" for r in rows]
+    hf, vllm = [r["hf"] for r in rows], [r["vllm"] for r in rows]
+    spread = f"hf_tokens_per_s={min(hf):.0f}..{max(hf):.0f} vllm_tokens_per_s={min(vllm):.0f}..{max(vllm):.0f}"
+    lines.append(f"nodes={len(rows)} {spread}")
+    return "\n".join(lines)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -307,15 +386,33 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--warmup-steps", type=int, default=2, help="First steps left out of the median.")
     parser.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.3)
     parser.add_argument("--no-vllm", action="store_true", help="GRPO steps with transformers' generate instead.")
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="Measure the rollouts on every GPU node of the Ray cluster at ADDRESS (one task pinned to each node), "
+        "one line per node, instead of this machine's parts.",
+    )
     parser.add_argument("--part", choices=sorted(PARTS), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
+def main_ray(args: argparse.Namespace, argv: list[str]) -> int:
+    """`--ray ADDRESS`: the per-node rollout rows of a cluster (this machine needs no GPU)."""
+    rows = per_node(args.ray, argv)  # the parts' processes ignore --ray (they run with --part)
+    if not rows:
+        print(f"gpu_throughput: no node of the Ray cluster at {args.ray} offers a GPU, so nothing was measured")
+        return 0
+    print(rows_table(rows))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    if args.ray and not args.part:
+        return main_ray(args, argv)
     import torch
 
     if not torch.cuda.is_available():
@@ -342,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
         hf = run_part("hf", model_dir, argv, work)
         vllm = run_part("vllm", model_dir, argv, work) if has_vllm else None
         grpo = run_part("grpo", model_dir, argv, work)
+        devices = torch.cuda.device_count()
+        if devices > 1:  # the same rollouts on each GPU: a slow or throttled one shows up here
+            print(f"\nrollouts per GPU of this node:\n{rows_table(per_device(model_dir, argv, work, devices))}")
 
     device = torch.cuda.get_device_name(0)
     rollouts = f"{args.rollout_prompts} prompts x {args.generations} samples x {args.completion_tokens} tokens"

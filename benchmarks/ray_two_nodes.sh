@@ -10,7 +10,8 @@
 # Usage (as root): benchmarks/ray_two_nodes.sh COMMAND [ARGS...]
 #   The command sees RAY_ADDRESS=127.0.0.1:<port>, e.g.
 #   benchmarks/ray_two_nodes.sh sh -c '.venv/bin/python benchmarks/learning.py --seeds 0-1 --ray "$RAY_ADDRESS"'
-# RAY_BIN picks the `ray` program (default: the one beside the project's .venv python); RAY_PORT the head's port.
+# RAY_BIN picks the `ray` program (default: the one beside the project's .venv python); RAY_PORT the head's port;
+# RAY_NODE_ARGS more `ray start` arguments for both nodes (e.g. "--num-gpus 1": Ray's resources are only labels).
 set -euo pipefail
 if [ "$#" -eq 0 ]; then
   echo "usage: $0 COMMAND [ARGS...]  (run as root; the command sees RAY_ADDRESS)" >&2
@@ -40,7 +41,8 @@ cleanup() {
 trap cleanup EXIT
 
 ip link set lo up
-"$ray" start --head --port "$port" --temp-dir "$head_dir" --num-cpus 1 --include-dashboard false >/dev/null
-"$ray" start --address "127.0.0.1:$port" --temp-dir "$node_dir" --num-cpus 1 >/dev/null
+read -r -a extra <<< "${RAY_NODE_ARGS:-}"
+"$ray" start --head --port "$port" --temp-dir "$head_dir" --num-cpus 1 --include-dashboard false "${extra[@]}" >/dev/null
+"$ray" start --address "127.0.0.1:$port" --temp-dir "$node_dir" --num-cpus 1 "${extra[@]}" >/dev/null
 export RAY_ADDRESS="127.0.0.1:$port"
 "$@"
