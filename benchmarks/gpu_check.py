@@ -1,9 +1,9 @@
 """`make gpu-check`: everything in the pipeline that only a CUDA GPU can run, exercised once in a few minutes, with
 one summary line of figures. The model is a small Qwen2 with random weights and a byte-level tokenizer built here
-(benchmarks/gpu_throughput.py's builder), so nothing is downloaded; the task is the embedded tiny-arith data. Every
-part goes through the pipeline's own code (its GRPO stage, its evaluation), each in a fresh process (vLLM and
-torch.distributed keep state per process), timed, and a part that fails is reported by name without stopping the
-others:
+(benchmarks/gpu_throughput.py's builder and its SMALL_QWEN2), so nothing is downloaded; the task is the embedded
+tiny-arith data. Every part goes through the pipeline's own code (its GRPO stage, its evaluation), each in a fresh
+process (vLLM and torch.distributed keep state per process), timed, and a part that fails is reported by name
+without stopping the others:
 
   vllm_grpo  GRPO steps with vLLM colocated in the training process (grpo.use_vllm=true): seconds per step, and
              the policy's meta.json must say its rollouts came from vLLM;
@@ -43,18 +43,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-# A small Qwen2: head_dim 64 (128 / 2 heads), a size every vLLM attention backend supports; the vocabulary holds
-# the 256 byte symbols and Qwen's three special tokens (gpu_throughput.build_byte_tokenizer).
-SHAPE: dict[str, Any] = {
-    "hidden_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "intermediate_size": 256,
-    "vocab_size": 320,
-    "max_position_embeddings": 512,
-    "tie_word_embeddings": True,
-}
 BUDGET_S = 450  # the whole check stays under 8 minutes: a part gets what is left of this, at most its own limit
 
 
@@ -290,9 +278,9 @@ def run_part(part: Part, model_dir: Path, work: Path, steps: int, limit_s: float
 
 def run_all(parts: list[Part], work: Path, steps: int, gpus: int) -> tuple[dict[str, str], list[str]]:
     """Build the model, run every part in turn within the budget; (figure per part, the parts that failed)."""
-    from gpu_throughput import build_qwen2
+    from gpu_throughput import SMALL_QWEN2, build_qwen2
 
-    model_dir = build_qwen2(work / "model", SHAPE, seed=0, dtype="bfloat16")
+    model_dir = build_qwen2(work / "model", SMALL_QWEN2, seed=0, dtype="bfloat16")
     deadline = time.perf_counter() + BUDGET_S
     results: dict[str, str] = {}
     failed: list[str] = []

@@ -63,6 +63,18 @@ QWEN25_05B: dict[str, Any] = {
     "hidden_act": "silu",
 }
 QWEN25_05B_PARAMETERS = 494_032_768
+# A small Qwen2 for checks rather than figures (tests/test_gpu.py, benchmarks/gpu_check.py): head_dim 64 (128 / 2
+# heads), a size every vLLM attention backend supports; the vocabulary holds the byte tokenizer's 259 tokens.
+SMALL_QWEN2: dict[str, Any] = {
+    "hidden_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "intermediate_size": 256,
+    "vocab_size": 320,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": True,
+}
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # Qwen2.5's: pad, chat turns, end of turn
 GIB = 1024**3
 

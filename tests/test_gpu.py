@@ -49,18 +49,6 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason='needs vllm (pip install -e ".[gpu]")'),
 ]
 
-# head_dim 64 (128 / 2 heads): a size every vLLM attention backend supports.
-SHAPE = {
-    "hidden_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "intermediate_size": 256,
-    "vocab_size": 320,
-    "max_position_embeddings": 256,
-    "tie_word_embeddings": True,
-}
-
 
 def digit_share(prompts: list, completions: list, **_: Any) -> list[float]:
     """The share of digits in each completion: a reward that a random model's completions spread over, so groups
@@ -74,7 +62,8 @@ def tiny_qwen2(tmp_path_factory) -> Path:
     spec = importlib.util.spec_from_file_location("gpu_throughput", ROOT / "benchmarks" / "gpu_throughput.py")
     builder = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(builder)
-    return builder.build_qwen2(tmp_path_factory.mktemp("qwen2") / "model", SHAPE, seed=0, dtype="bfloat16")
+    shape = builder.SMALL_QWEN2  # head_dim 64: a size every vLLM attention backend supports
+    return builder.build_qwen2(tmp_path_factory.mktemp("qwen2") / "model", shape, seed=0, dtype="bfloat16")
 
 
 def train_and_report(model_dir: str, run_dir: str, overrides: list[str], report: str) -> None:

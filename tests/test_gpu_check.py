@@ -70,14 +70,14 @@ def test_the_model_it_builds_loads_as_qwen2_and_every_id_decodes(gpu_check, tmp_
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from gpu_throughput import build_qwen2
+    from gpu_throughput import SMALL_QWEN2, build_qwen2
 
-    model_dir = build_qwen2(tmp_path / "model", gpu_check.SHAPE, seed=0, dtype="bfloat16")
+    model_dir = build_qwen2(tmp_path / "model", SMALL_QWEN2, seed=0, dtype="bfloat16")
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     assert model.config.model_type == "qwen2"
     assert model.config.hidden_size // model.config.num_attention_heads == 64  # a head size vLLM supports
-    assert len(tokenizer) == gpu_check.SHAPE["vocab_size"]
+    assert len(tokenizer) == SMALL_QWEN2["vocab_size"]
     assert tokenizer.decode(tokenizer("12+34=46")["input_ids"]) == "12+34=46"
     assert gpu_check.digit_share([], ["a1", "xx"]) == [0.5, 0.0]
 
