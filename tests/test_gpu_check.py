@@ -91,3 +91,20 @@ def test_the_summary_names_failed_parts_and_a_skip_is_not_a_failure(gpu_check) -
         "gpu-check: FAILED(qlora) vllm_grpo=0.41 s/step qlora=failed(exit 1) ddp=skipped(1 gpu)"
     )
     assert gpu_check.summary_line({"ddp": "skipped(1 gpu)"}, []).startswith("gpu-check: ok ")
+
+
+def test_a_part_that_ran_but_not_as_asked_fails(gpu_check) -> None:
+    """The checks read what the pipeline writes of a policy: its rollout engine in words (rollout_engine), the
+    precision it trained in, its processes."""
+    from grpo_pipeline.tasks.training.vllm_rollouts import rollout_engine
+
+    assert gpu_check.vllm_rollouts({"rollouts": rollout_engine(True, "colocate")}) is None
+    assert "not colocated vLLM" in gpu_check.vllm_rollouts({"rollouts": rollout_engine(False, "colocate")})
+    assert gpu_check.vllm_rollouts({"rollouts": rollout_engine(True, "server")}) is not None
+    mixed = {"weights": "float32", "optimizer_state": "float32", "autocast": "bf16"}
+    assert gpu_check.master_weights({"precision": mixed}) is None
+    assert gpu_check.master_weights({"precision": {**mixed, "weights": "bfloat16"}}) is not None
+    assert gpu_check.master_weights({"precision": {**mixed, "autocast": "none"}}) is not None
+    assert gpu_check.two_processes({"processes": 2}) is None and gpu_check.two_processes({"processes": 1})
+    assert gpu_check.some_steps({"steps": 4}) is None and gpu_check.some_steps({"steps": 0})
+    assert set(gpu_check.CHECKS) == {p.name for p in gpu_check.PARTS} - {"eval"}
