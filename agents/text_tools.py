@@ -372,7 +372,7 @@ class EpisodeGenerator:
 
     def turns(self, *, max_new_tokens: int, temperature: float | None, top_p: float) -> tuple[GenerateFn, list[int]]:
         """What generates each turn (transformers' generate with these settings, one sample per row) and the stop
-        tokens that end a turn; a subclass may generate otherwise (tasks/scoring/vllm_generation.py)."""
+        tokens that end a turn; a subclass may generate otherwise (tasks/scoring/vllm_episodes.py)."""
         from grpo_pipeline.tasks.scoring.generation import generation_kwargs, stop_token_ids
 
         stop = stop_token_ids(self.model, self.tokenizer)

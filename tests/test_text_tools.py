@@ -206,9 +206,9 @@ def test_the_sft_bar_and_the_difficulty_filter_run_episodes_with_the_recipes_too
 
 def test_a_generator_without_stopping_criteria_pauses_at_each_equals_sign(tokenizer) -> None:
     """vLLM cannot take the text loop's StoppingCriteria: its turns pause at every token containing `=` and a row
-    that opened no call it may make is continued (tasks/scoring/vllm_generation.py), so the episode is the one a
+    that opened no call it may make is continued (tasks/scoring/vllm_episodes.py), so the episode is the one a
     criterion would have cut. A stand-in engine answers each request with the next scripted piece."""
-    from grpo_pipeline.tasks.scoring.vllm_generation import turn_generator
+    from grpo_pipeline.tasks.scoring.vllm_episodes import turn_generator
 
     pieces = {"12+7=": ["x=", "<<12+7=", "19</s>"], "3+4=": ["7</s>"]}
     requests: list[str] = []

@@ -4,11 +4,7 @@ cut at the first of them (`completion_ids`), sampled with eval's settings only (
 checkpoint's own sampling defaults are not applied, as in training), and the sampler recorded as vLLM applied it.
 The engine is built once per evaluation, in the checkpoint's own dtype.
 
-A tool-using recipe's episodes (eval.tools, eval.environment) run through the same engine: `VLLMEpisodeGenerator`
-hands the episode loops (agents/text_tools.py, agents/chat_tools.py) a generator over vLLM, so each turn is generated
-by vLLM, its tool calls parsed and run, the results appended and the next turn generated, as with transformers. The
-text loop's stop at an open `<<expression=` (a StoppingCriteria under transformers) becomes a stop at every token
-containing `=` (`call_end_ids`), after which a row that opened no call is continued.
+A tool-using recipe's episodes run through the same engine (tasks/scoring/vllm_episodes.py).
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from grpo_pipeline.configs.schema import ConfigError
 from grpo_pipeline.tasks.scoring.generation import (
@@ -26,10 +22,6 @@ from grpo_pipeline.tasks.scoring.generation import (
     require_temperature,
     stop_token_ids,
 )
-
-if TYPE_CHECKING:
-    from grpo_pipeline.agents.chat_tools import ChatToolLoop
-    from grpo_pipeline.agents.text_tools import GenerateFn, TextToolLoop
 
 # What the record of a vLLM sampler keeps (SamplingParams' fields that change which tokens are drawn).
 SAMPLING_FIELDS = ("max_tokens", "n", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
@@ -115,58 +107,3 @@ class VLLMGenerator:
         own = checkpoint_defaults(self.own)
         return {"backend": "vllm", "dtype": self.dtype, "seed": self.seed, "greedy": greedy, "sampled": sampled,
                 **({"checkpoint_not_applied": own} if own else {})}  # fmt: skip
-
-
-def vllm_episodes(engine: VLLMGenerator, loop: TextToolLoop | ChatToolLoop, rows: Sequence[Any] | None) -> Any:
-    """An `EpisodeGenerator` (agents/text_tools.py) whose turns the engine generates: the same episodes, loops and
-    records as under transformers. Built here, lazily, so that agents/ is imported only where episodes run."""
-    from grpo_pipeline.agents.text_tools import EpisodeGenerator
-
-    class VLLMEpisodes(EpisodeGenerator):
-        def turns(
-            self, *, max_new_tokens: int, temperature: float | None, top_p: float
-        ) -> tuple[GenerateFn, list[int]]:
-            return turn_generator(engine, temperature=temperature, top_p=top_p), engine.stop
-
-    return VLLMEpisodes(None, engine.tokenizer, loop, rows)
-
-
-def turn_generator(engine: VLLMGenerator, *, temperature: float | None, top_p: float) -> GenerateFn:
-    """A GenerateFn over the engine: each row continued by at most `max_new_tokens` (and what the engine's length
-    leaves it). With the text loop's criterion (`call_stop(...).watch`), a row pauses at every token containing `=`
-    and is continued unless it opened a call it may make; chat turns end at their stop token."""
-    from grpo_pipeline.agents.text_tools import call_end_ids
-
-    pauses: list[int] = []  # the text loop's, found on its first turn (a chat loop never needs them)
-
-    def generate(rows: list[list[int]], max_new_tokens: int, criteria: Any) -> list[list[int]]:
-        watch = getattr(criteria, "watch", None)
-        if watch and not pauses:
-            pauses.extend(call_end_ids(engine.tokenizer))
-        new: list[list[int]] = [[] for _ in rows]
-        pending = list(range(len(rows)))
-        while pending:
-            room = {i: min(max_new_tokens, engine.max_len - len(rows[i])) - len(new[i]) for i in pending}
-            pending = [i for i in pending if room[i] > 0]
-            outputs = _continue(engine, [rows[i] + new[i] for i in pending], [room[i] for i in pending],
-                                temperature, top_p, pauses if watch else [])  # fmt: skip
-            for i, ids in zip(pending, outputs, strict=True):
-                new[i] += ids
-            # paused at an `=` that opened no call it may make (or past the turn limit): go on
-            pending = [i for i, ids in zip(pending, outputs, strict=True)
-                       if watch and ids and ids[-1] in pauses and not watch.ends_call(i, new[i])]  # fmt: skip
-        return new
-
-    return generate
-
-
-def _continue(
-    engine: VLLMGenerator, contexts: list[list[int]], budgets: list[int], temperature: float | None, top_p: float,
-    pauses: list[int],
-) -> list[list[int]]:  # fmt: skip
-    """One completion of each context (of at most its budget), stopping at the engine's stop tokens or `pauses`."""
-    if not contexts:
-        return []
-    params = [engine.params(max_new_tokens=b, temperature=temperature, top_p=top_p, pause=pauses) for b in budgets]
-    requests = [{"prompt_token_ids": ids} for ids in contexts]  # vllm.inputs.TokensPrompt, a TypedDict
-    return [list(out.outputs[0].token_ids) for out in engine.llm.generate(requests, params, use_tqdm=False)]
