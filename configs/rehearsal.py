@@ -15,6 +15,11 @@ class RehearsalConfig(Section):
     not_rehearsed: list[str] = Field(
         default=[], description="What it could not rehearse on this machine, and what ran instead."
     )
+    demonstrated: list[str] = Field(
+        default=[],
+        description="Tool episodes run on the stand-in from a scripted first turn calling each built-in tool (a random "
+        "stand-in seldom calls by itself), one line each: calls, failures and the tool's result.",
+    )
 
     def lines(self) -> list[str]:
         """The rehearsal as Markdown lines, for the summary and the model card."""
@@ -28,6 +33,16 @@ class RehearsalConfig(Section):
             *(
                 ["", "Not rehearsed here:", "", *(f"- {line}" for line in self.not_rehearsed)]
                 if self.not_rehearsed
+                else []
+            ),
+            *(
+                [
+                    "",
+                    "Tool calls demonstrated (a scripted first turn):",
+                    "",
+                    *(f"- {line}" for line in self.demonstrated),
+                ]
+                if self.demonstrated
                 else []
             ),
         ]

@@ -82,7 +82,10 @@ def rehearsal_config(cfg: PipelineConfig) -> PipelineConfig:
     put("run_dir", str(Path(cfg.run_dir) / "rehearsal"))
     put("registry.experiment", cfg.registry.experiment + SUFFIX)
     put("registry.model_name", cfg.registry.model_name + SUFFIX)
-    spec["rehearsal"] = RehearsalConfig(recipe=cfg.name, changed=changed, not_rehearsed=not_rehearsed).model_dump()
+    demonstrated = _tool_demonstrations(cfg, model_dir)
+    spec["rehearsal"] = RehearsalConfig(
+        recipe=cfg.name, changed=changed, not_rehearsed=not_rehearsed, demonstrated=demonstrated
+    ).model_dump()
     try:
         return PipelineConfig.model_validate(spec)
     except ValueError as e:
@@ -223,15 +226,44 @@ def _replace_gpu_only(cfg: PipelineConfig, put: Any) -> list[str]:
 
 def _tools_line(cfg: PipelineConfig) -> str:
     """What a rehearsal of a tool recipe runs of its tools: every path (the tools in the prompt, TRL's loop or the text
-    one, evaluated episodes), but a stand-in with random weights seldom writes a well-formed call, so the calls
-    themselves run only where it happens to; tests run them on a stand-in taught to call."""
+    one, evaluated episodes), but a stand-in with random weights seldom writes a well-formed call, so its own
+    episodes seldom call; the demonstrations (`_tool_demonstrations`) run each built-in tool from a scripted call."""
     tools = ", ".join([*cfg.grpo.tools, *([cfg.grpo.environment] if cfg.grpo.environment else [])])
     return (
         f"tool calls ({tools}): the episodes ran (tools rendered into the prompt, each completion parsed for calls, "
         "evaluation through the same loop), but a stand-in with random weights seldom writes a well-formed call, so "
-        "the tools themselves ran only where it did (tests/test_agent_trl.py and tests/test_chat_tools.py run calls on "
-        "a stand-in taught to call)"
+        "its own episodes seldom called; each built-in tool was run from a scripted first turn instead (rehearsal."
+        "demonstrated)"
     )
+
+
+def _tool_demonstrations(cfg: PipelineConfig, model_dir: Path) -> list[str]:
+    """For each of the recipe's built-in tools, one episode on the stand-in whose first turn is a scripted call
+    (agents/demonstration.py): parsed, run and answered as in training, then the stand-in's next turn; a line each
+    with its calls, failures and result. A user's tool or an environment is named as not demonstrated."""
+    if not cfg.grpo.tools and cfg.grpo.environment is None:
+        return []
+    from transformers import AutoModelForCausalLM
+
+    from grpo_pipeline.agents.demonstration import EXAMPLE_CALLS, demonstrate, tokens_after_result
+    from grpo_pipeline.agents.text_tools import eval_tool_loop
+    from grpo_pipeline.tasks.core.common import load_tokenizer
+
+    tokenizer, model = load_tokenizer(str(model_dir)), AutoModelForCausalLM.from_pretrained(model_dir)
+    loop = eval_tool_loop(cfg.grpo.tools, cfg.grpo.max_tool_turns, tokenizer)
+    lines = []
+    for name in cfg.grpo.tools:
+        if name not in EXAMPLE_CALLS:
+            lines.append(f"{name}: not demonstrated (a user's tool: the rehearsal has no arguments to call it with)")
+            continue
+        episode = demonstrate(model, tokenizer, loop, name, cfg.data.system_prompt)
+        result = next((m["content"] for m in episode.messages if m["role"] == "tool"), None)
+        lines.append(f"{name}: a scripted call with {EXAMPLE_CALLS[name]} ran {episode.calls} call(s), "
+                     f"{episode.errors} failed, result {result!r}; the stand-in then wrote "
+                     f"{tokens_after_result(episode)} tokens")  # fmt: skip
+    if cfg.grpo.environment is not None:
+        lines.append(f"{cfg.grpo.environment}: not demonstrated (an environment is reset with a training row)")
+    return lines
 
 
 def _rollouts_here(cfg: PipelineConfig, put: Any) -> str:

@@ -313,6 +313,8 @@ def test_every_shipped_recipe_rehearses_and_registers_under_the_rehearsal_name(
     assert names == {cfg.registry.model_name + "-rehearsal"}, names
     assert [s["stage"] for s in summary["stages"] if s["stage"].startswith("grpo-round")]  # GRPO really trained
     assert "Rehearsal of " + cfg.name in out and "Not rehearsed here" in out  # the console says so
+    if cfg.grpo.tools:  # each built-in tool really ran in the rehearsal, from a scripted call, and was answered
+        assert [line for line in summary["rehearsal"]["demonstrated"] if "ran 1 call(s), 0 failed" in line]
     # Every policy was scored on every suite of the recipe, the hub ones from their local copies.
     assert [s["name"] for s in summary["suites"]] == cfg.eval.suite_names()
     for suite in cfg.eval.suites:
@@ -336,3 +338,14 @@ def test_the_tools_recipe_rehearses_on_qwens_own_tool_template(shared_data, tmp_
     assert isinstance(eval_tool_loop(cfg.eval.tools, cfg.eval.max_tool_turns, tokenizer), ChatToolLoop)
     assert cfg.eval.tools == cfg.grpo.tools == ["python"]
     assert any(line.startswith("tool calls (python): the episodes ran") for line in cfg.rehearsal.not_rehearsed)
+
+
+def test_the_tools_rehearsal_runs_a_real_call_and_its_result(shared_data, code_sandbox, tmp_path):
+    """The stand-in's random weights seldom write a call, so the rehearsal runs one episode from a scripted call of
+    the python tool: parsed by Qwen2.5's response template, run in the sandbox, its output appended as a tool message
+    and the stand-in's next turn generated. Any break on that path (parsing, the tool, the result) fails it."""
+    _, cfg = rehearsed(ROOT / "configs" / "qwen2.5-0.5b-gsm8k-tools.yaml", shared_data, tmp_path)
+    (line,) = cfg.rehearsal.demonstrated
+    assert re.fullmatch(r"python: a scripted call with .* ran 1 call\(s\), 0 failed, result '42\\n'; the stand-in "
+                        r"then wrote [1-9]\d* tokens", line), line  # fmt: skip
+    assert "Tool calls demonstrated (a scripted first turn):" in cfg.rehearsal.lines()
