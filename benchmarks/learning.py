@@ -155,6 +155,22 @@ def _mean_of(points: list[tuple[int, float]], first: bool, n: int = 3) -> float:
     return sum(chunk) / len(chunk) if chunk else float("nan")
 
 
+def sweep(args: argparse.Namespace, run_dir: Path) -> None:
+    """`--seeds`: one run per seed, `--jobs` at a time here or each a Ray task (`--ray`); the report over seeds."""
+    with Runner(args.jobs, args.ray) as runner:
+        rows = run_seeds(
+            parse_seeds(args.seeds),
+            run_dir,
+            args.overrides,
+            runner,
+            lambda d, overrides, env: run_pipeline(args.config, d, overrides, env, runner.launch),
+            seed_figures,
+        )
+    if args.plot:
+        plot(rows, args.plot)
+    print(report(rows))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=REPO / "configs" / "tiny-arith.yaml")
@@ -174,18 +190,7 @@ def main() -> None:
 
     run_dir = args.run_dir or REPO / "runs" / f"benchmark-learning-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.seeds:
-        with Runner(args.jobs, args.ray) as runner:
-            rows = run_seeds(
-                parse_seeds(args.seeds),
-                run_dir,
-                args.overrides,
-                runner,
-                lambda d, overrides, env: run_pipeline(args.config, d, overrides, env, runner.launch),
-                lambda d, record: seed_figures(d, record),
-            )
-        if args.plot:
-            plot(rows, args.plot)
-        print(report(rows))
+        sweep(args, run_dir)
         return
     if args.reuse:
         if not (run_dir / RECORD).exists():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from types import ModuleType
 
 import pytest
 
@@ -17,7 +18,7 @@ SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 
 
 @pytest.fixture(scope="module")
-def gpu_check():
+def gpu_check() -> ModuleType:
     spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules["gpu_check"] = module  # its dataclasses look their module up by name

@@ -11,7 +11,9 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -22,7 +24,7 @@ TWO_NODES = ROOT / "benchmarks" / "ray_two_nodes.sh"
 
 
 @pytest.fixture(scope="module")
-def bench():
+def bench() -> ModuleType:
     spec = importlib.util.spec_from_file_location("gpu_throughput", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -64,7 +66,7 @@ open(sys.argv[1], "w").write(json.dumps(rows))
 """
 
 
-def needs_cluster(test):
+def needs_cluster(test: Callable[..., None]) -> Callable[..., None]:
     """The marks of a test that starts the two-node cluster (benchmarks/ray_two_nodes.sh)."""
     for mark in (
         pytest.mark.ray,
