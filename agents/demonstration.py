@@ -14,7 +14,15 @@ from typing import Any
 
 from grpo_pipeline.agents.chat_tools import ChatToolLoop, training_template
 from grpo_pipeline.agents.registry import ToolError
-from grpo_pipeline.agents.text_tools import CALL_END, CALL_OPEN, Episode, GenerateFn, TextToolLoop, hf_generate
+from grpo_pipeline.agents.text_tools import (
+    CALL_END,
+    CALL_OPEN,
+    Episode,
+    GenerateFn,
+    TextToolLoop,
+    conversation,
+    hf_generate,
+)
 
 # Arguments each built-in tool is demonstrated with, and what they give
 EXAMPLE_CALLS: dict[str, dict[str, str]] = {"calculator": {"expression": "6*7"}, "python": {"code": "print(6 * 7)"}}
@@ -74,6 +82,11 @@ def _first_then(first: list[int], then: GenerateFn) -> GenerateFn:
         return [list(first) for _ in rows] if len(calls) == 1 else then(rows, max_new_tokens, criteria)
 
     return generate
+
+
+def first_result(episode: Episode, tokenizer: Any) -> str | None:
+    """The text of the episode's first tool result (a text episode's inserted `result>>`); None without one."""
+    return next((m["content"] for m in conversation(episode, tokenizer) if m["role"] == "tool"), None)
 
 
 def tokens_after_result(episode: Episode) -> int:

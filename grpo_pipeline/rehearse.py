@@ -245,7 +245,7 @@ def _tool_demonstrations(cfg: PipelineConfig, model_dir: Path) -> list[str]:
         return []
     from transformers import AutoModelForCausalLM
 
-    from grpo_pipeline.agents.demonstration import EXAMPLE_CALLS, demonstrate, tokens_after_result
+    from grpo_pipeline.agents.demonstration import EXAMPLE_CALLS, demonstrate, first_result, tokens_after_result
     from grpo_pipeline.agents.text_tools import eval_tool_loop
     from grpo_pipeline.tasks.core.common import load_tokenizer
 
@@ -257,7 +257,7 @@ def _tool_demonstrations(cfg: PipelineConfig, model_dir: Path) -> list[str]:
             lines.append(f"{name}: not demonstrated (a user's tool: the rehearsal has no arguments to call it with)")
             continue
         episode = demonstrate(model, tokenizer, loop, name, cfg.data.system_prompt)
-        result = next((m["content"] for m in episode.messages if m["role"] == "tool"), None)
+        result = first_result(episode, tokenizer)
         lines.append(f"{name}: a scripted call with {EXAMPLE_CALLS[name]} ran {episode.calls} call(s), "
                      f"{episode.errors} failed, result {result!r}; the stand-in then wrote "
                      f"{tokens_after_result(episode)} tokens")  # fmt: skip

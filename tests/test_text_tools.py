@@ -231,3 +231,17 @@ def test_a_generator_without_stopping_criteria_pauses_at_each_equals_sign(tokeni
     assert first.text == "x=<<12+7=19>>19" and (first.calls, first.errors) == (1, 0)  # paused at `x=`, went on
     assert plain.text == "7" and plain.calls == 0
     assert [r.removeprefix("12+7=") for r in requests if r.startswith("12+7=")] == ["", "x=", "x=<<12+7=19>>"]
+
+
+def test_a_scripted_call_demonstrates_the_text_tool(tiny_dir: Path) -> None:
+    """agents/demonstration.py on the text loop (what a rehearsal runs for a model without a tool template): the
+    scripted `<<6*7=` is run by the calculator, its result appended, and the model writes on after it."""
+    from transformers import AutoModelForCausalLM
+
+    from grpo_pipeline.agents.demonstration import demonstrate, first_result, tokens_after_result
+    from grpo_pipeline.tasks.core.common import load_tokenizer
+
+    tokenizer = load_tokenizer(str(tiny_dir))
+    episode = demonstrate(AutoModelForCausalLM.from_pretrained(tiny_dir), tokenizer, CALC, "calculator")
+    assert episode.text.startswith("<<6*7=42>>") and (episode.calls, episode.errors) == (1, 0)
+    assert first_result(episode, tokenizer) == "42>>" and tokens_after_result(episode) >= 1
