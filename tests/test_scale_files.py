@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import subprocess
+import textwrap
 from typing import Any
 
 import pytest
@@ -39,6 +41,9 @@ def test_it_is_a_raycluster_whose_head_service_is_the_one_the_docs_name(cluster)
     service = f"{cluster['metadata']['name']}-head-svc"  # KubeRay's name for the head's Service
     doc = DOC.read_text()
     assert f"{service}.grpo.svc.cluster.local:6379" in doc and f"`{service}`" in doc
+    # the driver's pod joins the cluster without offering Ray anything, then drives it from its own node
+    assert f"ray start --address={service}.grpo.svc.cluster.local:6379 --num-cpus=0 --num-gpus=0" in doc
+    assert '"distributed.ray_address=auto"' in doc and "gpu_count: 0" in doc
     ports = {p["name"]: p["containerPort"] for p in containers(cluster["spec"]["headGroupSpec"])[0]["ports"]}
     assert ports == {"gcs": 6379, "dashboard": 8265, "client": 10001}
 
@@ -83,6 +88,10 @@ def test_the_sbatch_script_is_valid_bash_and_its_overrides_are_config_fields() -
 def test_the_gpu_pools_job_can_drive_a_ray_round_without_a_gpu() -> None:
     template = json.loads(TEMPLATE.read_text())
     schema = template["variables"]
-    validate({"gpu_count": 0}, schema, raise_on_error=True)
+    [block] = [b for b in re.findall(r"```yaml\n(.*?)```", DOC.read_text(), re.S) if "job_variables:" in b]
+    variables = yaml.safe_load(textwrap.dedent(block))["job_variables"]  # the page's job variables, as written
+    validate(variables, schema, raise_on_error=True)
+    assert variables["gpu_count"] == 0 and variables["command"].endswith("&& exec prefect flow-run execute'")
+    assert shlex.split(variables["command"])[:2] == ["bash", "-c"]  # the pod's args, as the worker splits them
     with pytest.raises(Exception, match=r"gpu_count|minimum|-1"):
         validate({"gpu_count": -1}, schema, raise_on_error=True)
