@@ -198,17 +198,17 @@ class PipelineConfig(Section):
 
     @model_validator(mode="after")
     def _batches_split_across_processes(self) -> PipelineConfig:
-        n = self.distributed.num_processes
+        n, field = self.distributed.world_size, self.distributed.size_field
         completions = self.grpo.prompts_per_step * self.grpo.generations_per_prompt
         if completions % n:
             raise ValueError(
                 f"one GRPO step's {completions} completions (grpo.prompts_per_step x grpo.generations_per_prompt) do "
-                f"not split evenly across distributed.num_processes ({n}); make the product a multiple of {n}"
+                f"not split evenly across {field} ({n}); make the product a multiple of {n}"
             )
         if self.sft.batch_size % n:
             raise ValueError(
-                f"sft.batch_size ({self.sft.batch_size}) does not split evenly across distributed.num_processes "
-                f"({n}); make it a multiple of {n}"
+                f"sft.batch_size ({self.sft.batch_size}) does not split evenly across {field} ({n}); make it a "
+                f"multiple of {n}"
             )
         return self
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -50,8 +50,12 @@ class RunContext(BaseModel):
     recipe: str
     seed: int
     # How training stages launch (configs/distributed.py DistributedConfig): how they run, not what they compute.
+    # `num_processes` counts the processes that train together, accelerate's or Ray's workers (`backend`).
     num_processes: int = Field(default=1, json_schema_extra=UNKEYED)
     accelerate_config: str | None = Field(default=None, json_schema_extra=UNKEYED)
+    backend: Literal["accelerate", "ray"] = Field(default="accelerate", json_schema_extra=UNKEYED)
+    resources_per_worker: dict[str, float] = Field(default_factory=dict, json_schema_extra=UNKEYED)
+    ray_address: str | None = Field(default=None, json_schema_extra=UNKEYED)
 
     @classmethod
     def of(cls, cfg: PipelineConfig) -> RunContext:
@@ -61,8 +65,11 @@ class RunContext(BaseModel):
             experiment=cfg.registry.experiment,
             recipe=cfg.name,
             seed=cfg.seed,
-            num_processes=cfg.distributed.num_processes,
+            num_processes=cfg.distributed.world_size,
             accelerate_config=cfg.distributed.accelerate_config,
+            backend=cfg.distributed.backend,
+            resources_per_worker=cfg.distributed.resources_per_worker,
+            ray_address=cfg.distributed.ray_address,
         )
 
 
