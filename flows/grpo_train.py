@@ -18,7 +18,7 @@ from prefect.deployments import run_deployment
 
 from grpo_pipeline.runtime import add_import_paths, setup
 from grpo_pipeline.tasks.core.common import Checkpoint
-from grpo_pipeline.tasks.core.publish import hand_over, materialize, publish, share_inputs, take_over
+from grpo_pipeline.tasks.core.publish import hand_over, materialize, publish, replace_refs, share_inputs, take_over
 from grpo_pipeline.tasks.grpo import GRPORound, grpo_train, round_name
 
 
@@ -39,9 +39,7 @@ def grpo_train_flow(spec: GRPORound, handoff: str | None = None) -> Checkpoint:
     add_import_paths(spec.code_dir)  # the user's reward modules, beside the recipe
     # On a machine without the pipeline's disk, fetch the inputs the pipeline published (a no-op where they are here).
     run_dir = spec.ctx.run_dir
-    start, train = materialize(spec.start, run_dir), materialize(spec.train, run_dir)
-    held_out = materialize(spec.held_out, run_dir) if spec.held_out is not None else None
-    spec = spec.model_copy(update={"start": start, "train": train, "held_out": held_out})
+    spec = replace_refs(spec, lambda ref: materialize(ref, run_dir))
     policy = publish(grpo_train(spec), run_dir, spec.ctx.experiment)
     if handoff is not None:
         hand_over(policy, handoff, run_dir)

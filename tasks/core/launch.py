@@ -7,6 +7,9 @@ arguments from their type hints and calls it; inside a launched process the stag
 as the accelerate config says; gloo on CPU) and process 0 alone logs to MLflow and saves the result, which the
 pipeline's process reads back. The stage's key and output directory are the same either way (the process count is
 not part of the key).
+
+With `distributed.backend: ray` the same job (module, stage, arguments) runs as a Ray Train job instead, on workers
+that may sit on other machines (tasks/core/ray_launch.py).
 """
 
 from __future__ import annotations
@@ -53,8 +56,12 @@ def launched(fn: Callable[..., Checkpoint]) -> Callable[..., Checkpoint]:
     @functools.wraps(fn)
     def run(**params: Any) -> Checkpoint:
         ctx = context_of(params)
-        if ctx.num_processes <= 1 or in_launched_process():
+        if in_launched_process() or (ctx.backend == "accelerate" and ctx.num_processes <= 1):
             return fn(**params)
+        if ctx.backend == "ray":  # a Ray Train job, on as many machines as Ray places its workers on
+            from grpo_pipeline.tasks.core.ray_launch import ray_launch
+
+            return ray_launch(fn, params, ctx)
         return launch(fn, {k: v for k, v in params.items() if k != "out"}, ctx)
 
     return run
@@ -98,7 +105,7 @@ def launch(fn: Callable[..., Checkpoint], params: dict[str, Any], ctx: RunContex
     """Run the stage `fn` in `ctx.num_processes` processes and return what its process 0 saved."""
     with tempfile.TemporaryDirectory(prefix="grpo-launch-") as tmp:
         job, result = Path(tmp) / "job.json", Path(tmp) / "result.json"
-        job.write_text(json.dumps({"module": fn.__module__, "name": fn.__name__, "params": job_params(params)}))
+        job.write_text(json.dumps(job_spec(fn, params)))
         # The launched processes import what this one can (the user's reward modules beside the recipe included).
         cmd, extra_env = launch_command(ctx, job)
         env = {
@@ -118,6 +125,11 @@ def launch(fn: Callable[..., Checkpoint], params: dict[str, Any], ctx: RunContex
         return Checkpoint.model_validate_json(result.read_text())
 
 
+def job_spec(fn: Callable[..., Checkpoint], params: dict[str, Any]) -> dict[str, Any]:
+    """The job file's content: which stage to call, and its arguments as JSON (`job_params`)."""
+    return {"module": fn.__module__, "name": fn.__name__, "params": job_params(params)}
+
+
 def job_params(params: dict[str, Any]) -> dict[str, Any]:
     """The stage's arguments as JSON. A config section carries only the fields that were set, so that the launched
     process rebuilds it as the user wrote it (a full dump rebuilds an equal config too: no validator depends on
@@ -130,12 +142,16 @@ def job_params(params: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_job(job_path: Path) -> None:
-    """One launched process: rebuild the stage's arguments from their type hints and call the stage."""
-    job = json.loads(job_path.read_text())
+def rebuild_job(job: dict[str, Any]) -> tuple[Callable[..., Checkpoint], dict[str, Any]]:
+    """The stage a job names and its arguments, rebuilt from their type hints."""
     stage = getattr(importlib.import_module(job["module"]), job["name"])
     hints = typing.get_type_hints(inspect.unwrap(stage))  # the stage's own function, under @stage and @launched
-    params = {name: TypeAdapter(hints[name]).validate_python(value) for name, value in job["params"].items()}
+    return stage, {name: TypeAdapter(hints[name]).validate_python(value) for name, value in job["params"].items()}
+
+
+def run_job(job_path: Path) -> None:
+    """One launched process: rebuild the stage's arguments from their type hints and call the stage."""
+    stage, params = rebuild_job(json.loads(job_path.read_text()))
     checkpoint = stage(**params)
     if is_main_process():
         Path(os.environ[RESULT_ENV]).write_text(checkpoint.model_dump_json())

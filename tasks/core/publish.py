@@ -11,8 +11,11 @@ content fingerprint is checked after every fetch.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref, atomic_dir, fingerprint_path, logger
 from grpo_pipeline.tasks.core.stage import RunContext
@@ -20,6 +23,7 @@ from grpo_pipeline.tasks.core.tracking import configure_mlflow, mlflow_run, trac
 
 ARTIFACT_PATH = "checkpoint"
 R = TypeVar("R", bound=Ref)
+V = TypeVar("V")
 
 
 def publish(ref: R, run_dir: str, experiment: str, run_id: str | None = None) -> R:
@@ -48,14 +52,21 @@ def publish(ref: R, run_dir: str, experiment: str, run_id: str | None = None) ->
 def share_inputs(
     start: Checkpoint, refs: list[Ref | None], ctx: RunContext, label: str
 ) -> tuple[Checkpoint, list[Ref | None]]:
-    """`start` and `refs` with a `uri` each (published now where they have none), for a worker on another machine.
+    """`start` and `refs` with a `uri` each (published now where they have none), for a worker on another machine
+    (`share_refs`)."""
+    new_start, *rest = share_refs([start, *refs], ctx, label)
+    return new_start, rest  # type: ignore[return-value]
+
+
+def share_refs(refs: list[Ref | None], ctx: RunContext, label: str) -> list[Ref | None]:
+    """`refs` with a `uri` each (published now where they have none), for workers on other machines.
 
     A checkpoint goes to the run that trained it; data files (and a base model, which has no run) to one run
     named `<recipe>-<label>-inputs`, created only when something needs it. A hub model needs nothing.
     """
-    pending = [r for r in [start, *refs] if r is not None and r.uri is None and not _on_hub(r)]
+    pending = [r for r in refs if r is not None and r.uri is None and not _on_hub(r)]
     if not pending:
-        return start, refs
+        return refs
     orphans = [r for r in pending if not (isinstance(r, Checkpoint) and r.run_id is not None)]
     shared: dict[int, Ref] = {}
     if orphans:
@@ -66,8 +77,32 @@ def share_inputs(
     for r in pending:
         if id(r) not in shared:
             shared[id(r)] = publish(r, ctx.run_dir, ctx.experiment)
-    new_start = shared.get(id(start), start)
-    return new_start, [shared.get(id(r), r) if r is not None else None for r in refs]  # type: ignore[return-value]
+    return [shared.get(id(r), r) if r is not None else None for r in refs]
+
+
+def refs_in(value: Any) -> list[Ref]:
+    """Every Ref in `value` (a stage's arguments: Refs, and pydantic models holding them, such as a GRPO round's
+    spec), depth first."""
+    if isinstance(value, Ref):
+        return [value]
+    if isinstance(value, BaseModel):
+        return [r for name in type(value).model_fields for r in refs_in(getattr(value, name))]
+    if isinstance(value, dict):
+        return [r for v in value.values() for r in refs_in(v)]
+    return []
+
+
+def replace_refs(value: V, new: Callable[[Ref], Ref]) -> V:
+    """`value` with every Ref in it (as `refs_in` finds them) replaced by `new(ref)`."""
+    if isinstance(value, Ref):
+        return new(value)  # type: ignore[return-value]
+    if isinstance(value, BaseModel):
+        replaced = {name: replace_refs(getattr(value, name), new) for name in type(value).model_fields}
+        changed = {k: v for k, v in replaced.items() if v is not getattr(value, k)}
+        return value.model_copy(update=changed) if changed else value  # a model without Refs stays the same object
+    if isinstance(value, dict):
+        return {k: replace_refs(v, new) for k, v in value.items()}  # type: ignore[return-value]
+    return value
 
 
 def _on_hub(ref: Ref) -> bool:

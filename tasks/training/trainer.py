@@ -30,6 +30,14 @@ from grpo_pipeline.tasks.core.common import (
 from grpo_pipeline.tasks.core.launch import LAUNCH_ID_ENV, is_main_process
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.core.tracking import mlflow_run
+from grpo_pipeline.tasks.training.checkpoint_mirror import (
+    RESUME_KEY_TAG,
+    forget_mirrored,
+    mirror_callback,
+    mirrored,
+    restore_mirrored,
+    resume_key,
+)
 from grpo_pipeline.tasks.training.checkpoints import (
     latest_complete,
     remember_run_id,
@@ -164,6 +172,20 @@ def resume_point(resume: Path, stage: str, prune: bool) -> tuple[Path | None, in
     return last, step
 
 
+def resume_from(
+    out: Path, stage: str, ctx: RunContext, tags: dict[str, str], main: bool
+) -> tuple[Path | None, int | None, str | None]:
+    """Where the stage writing `out` resumes: the checkpoint, its step and the MLflow run its metrics go on in, or
+    (None, None, None) to start afresh. A Ray Train worker takes the newest checkpoint mirrored in MLflow (and names
+    the stage in `tags` for the next attempt to find it; tasks/training/checkpoint_mirror.py); any other process the
+    newest sealed one in the resume folder."""
+    if mirrored():
+        tags[RESUME_KEY_TAG] = resume_key(out)
+        return restore_mirrored(resume_dir(out), stage, ctx, tags[RESUME_KEY_TAG])
+    last, step = resume_point(resume_dir(out), stage, prune=main)
+    return last, step, remembered_run_id(resume_dir(out)) if last is not None else None
+
+
 def shared_args(output_dir: str, main: bool, seed: int, model_cfg: ModelConfig) -> dict[str, Any]:
     """The TRL config arguments every training stage shares (saving nothing until the end, MLflow from process 0)."""
     return {
@@ -230,9 +252,8 @@ def train_policy(
     main = is_main_process()  # in a multi-process launch (tasks/core/launch.py), process 0 logs and saves
     tokenizer = load_tokenizer(start.path)
     tags = {"stage": stage, "parent_model": start.lineage, **tags}
-    resume = resume_dir(out)
-    last, resumed_from = resume_point(resume, stage, prune=main) if save_every_steps else (None, None)
-    run_id = remembered_run_id(resume) if last is not None else None  # metrics go on in the run that logged them
+    resume, mirror = resume_dir(out), bool(save_every_steps) and mirrored()
+    last, resumed_from, run_id = resume_from(out, stage, ctx, tags, main) if save_every_steps else (None, None, None)
     tracked = mlflow_run(ctx.run_dir, ctx.experiment, f"{ctx.recipe}-{stage}", tags, resume=run_id)
     with tracked if main else contextlib.nullcontext() as run, tempfile.TemporaryDirectory() as scratch:
         common = shared_args(scratch, main, seed, model_cfg)
@@ -242,15 +263,17 @@ def train_policy(
             common |= checkpoint_args(resume, save_every_steps, keep_checkpoints)
         trainer = build(common, tokenizer)
         trainer.add_callback(PrefectProgress(stage))
-        trainer.add_callback(seal_callback())
+        trainer.add_callback(mirror_callback(run.info.run_id if main else None) if mirror else seal_callback())
         with console_progress(trainer, stage):  # logs "<stage> finished: ..." with the stage's key numbers
             result = trainer.train(resume_from_checkpoint=str(last) if last is not None else None)
         done = {"stage": stage, "steps": result.global_step, "train_loss": result.training_loss}
         done["precision"] = precision = precision_of(trainer)
         done |= {"resumed_from_step": resumed_from, "processes": trainer.accelerator.num_processes}
         save_policy(trainer, tokenizer, start, model_cfg, out, {**done, **(meta or {})})
-    if main:
+    if main or mirror:  # a worker's copy on a disk of its own goes too
         shutil.rmtree(resume, ignore_errors=True)
+    if main and mirror:
+        forget_mirrored(run.info.run_id)
     return Checkpoint(
         path=str(out),
         fingerprint=fingerprint_path(out),
