@@ -14,9 +14,10 @@ runs each variant's command as a Ray task of one CPU instead (one thread too, so
 Usage:
   python benchmarks/algorithms.py --seeds 0-2 --jobs 2                      # tiny-arith and tiny-code
   python benchmarks/algorithms.py --recipes configs/tiny-arith.yaml --seeds 0-2 --variants dapo,cispo
+  python benchmarks/algorithms.py --regimes num_iterations=2,num_iterations=4,steps_per_generation=4 ...  # off-policy
   python benchmarks/algorithms.py --run-dir D ...   # finished variants in D are reused, not trained again
   python benchmarks/algorithms.py --seeds 0-5 --ray HOST:PORT   # each variant a Ray task (benchmarks/fanout.py)
-The last line is machine-readable: best=<recipe:variant,...> beats_dapo=<recipe:variant,...>
+The last line is machine-readable: best=<recipe@regime:variant,...> beats_dapo=<recipe@regime:variant,...>
 """
 
 from __future__ import annotations
@@ -55,18 +56,30 @@ VARIANTS: dict[str, list[str]] = {
     ],
 }
 RECIPES = ("configs/tiny-arith.yaml", "configs/tiny-code.yaml")
+# How far from on-policy each optimizer step is. On-policy (one step per generation, no vLLM) the importance ratio is
+# exactly 1 and four of the loss types are one update (docs/algorithms.md); off-policy they are not: each batch of
+# completions is used for num_iterations optimizer steps, or split into steps_per_generation steps.
+REGIMES: dict[str, list[str]] = {
+    "on-policy": [],
+    "num_iterations=2": ["grpo.num_iterations=2"],
+    "num_iterations=4": ["grpo.num_iterations=4"],
+    "steps_per_generation=4": ["grpo.steps_per_generation=4"],
+}
 
 
 def run_variant(
     config: Path, seed_dir: Path, seed: int, variant: str, extra: list[str], env: dict[str, str], launch: Launch
 ) -> dict:
     """One variant's round 1 on one seed (reused when its record exists): accuracy and seconds per step; `launch`
-    starts the run here or on a Ray cluster (benchmarks/fanout.py)."""
+    starts the run here or on a Ray cluster (benchmarks/fanout.py). `variant` is a VARIANTS name, or one followed by
+    @regime (a REGIMES name) for the same objective off-policy."""
+    objective, _, regime = variant.partition("@")
     record_file = seed_dir / f"variant-{variant}.json"
     if record_file.exists():
         return json.loads(record_file.read_text())
-    overrides = [f"seed={seed}", f"data.seed={seed}", "grpo.rounds=1", *VARIANTS[variant], *extra]
-    overrides.append(f"registry.model_name={config.stem}-{variant}")
+    overrides = [f"seed={seed}", f"data.seed={seed}", "grpo.rounds=1", *VARIANTS[objective], *extra]
+    overrides += REGIMES[regime or "on-policy"]
+    overrides.append(f"registry.model_name={config.stem}-{objective}" + (f"-{regime.replace('=', '')}" * bool(regime)))
     record = run_pipeline(config, seed_dir, overrides, env, launch)
     summary = record["summary"]
     [registration] = summary["registrations"]
@@ -75,7 +88,8 @@ def run_variant(
     result = {
         "recipe": config.stem,
         "seed": seed,
-        "variant": variant,
+        "variant": objective,
+        "regime": regime or "on-policy",
         "sft": accuracy.get("sft", float("nan")),
         "accuracy": accuracy["grpo round 1"],
         "steps": steps,
@@ -106,18 +120,17 @@ def interval(values: list[float]) -> tuple[float, float, float]:
 
 
 def table(results: list[dict], variants: list[str]) -> tuple[list[str], list[str], list[str]]:
-    """The side-by-side table; the recipes' best variants; the variants whose interval against dapo is above 0."""
+    """The side-by-side table, one block per recipe and regime; the best variant of each block; the variants whose
+    interval against dapo (in the same block) is above 0."""
     lines = [
-        "| recipe | variant | held-out greedy accuracy per seed | mean (95% CI over seeds) | - dapo, points (95% CI) "
-        "| s/step |",
-        "|---|---|---|---|---|---:|",
+        "| recipe | regime | variant | held-out greedy accuracy per seed | mean (95% CI over seeds) "
+        "| - dapo, points (95% CI) | s/step |",
+        "|---|---|---|---|---|---|---:|",
     ]
     best, beats = [], []
-    for recipe in dict.fromkeys(r["recipe"] for r in results):
-        rows = {
-            v: sorted((r for r in results if r["recipe"] == recipe and r["variant"] == v), key=lambda r: r["seed"])
-            for v in variants
-        }
+    for recipe, regime in dict.fromkeys((r["recipe"], r.get("regime", "on-policy")) for r in results):
+        block = [r for r in results if r["recipe"] == recipe and r.get("regime", "on-policy") == regime]
+        rows = {v: sorted((r for r in block if r["variant"] == v), key=lambda r: r["seed"]) for v in variants}
         base = {r["seed"]: r["accuracy"] for r in rows.get("dapo", [])}
         means = {}
         for variant, runs in rows.items():
@@ -130,18 +143,20 @@ def table(results: list[dict], variants: list[str]) -> tuple[list[str], list[str
             diffs = [100 * (r["accuracy"] - base[r["seed"]]) for r in runs if r["seed"] in base]
             vs = "-" if variant == "dapo" or not diffs else "{:+.1f} ({:+.1f}..{:+.1f})".format(*interval(diffs))
             if variant != "dapo" and len(diffs) > 1 and interval(diffs)[1] > 0:
-                beats.append(f"{recipe}:{variant}")
+                beats.append(f"{recipe}@{regime}:{variant}")
             per_seed = " ".join(f"{a:.1f}" for a in acc)
             step_s = statistics.fmean(r["s_per_step"] for r in runs)
             lines.append(
-                f"| {recipe} | {variant} | {per_seed} | {mean:.1f} ({lo:.1f}..{hi:.1f}) | {vs} | {step_s:.2f} |"
+                f"| {recipe} | {regime} | {variant} | {per_seed} | {mean:.1f} ({lo:.1f}..{hi:.1f}) | {vs} "
+                f"| {step_s:.2f} |"
             )
         sft = [100 * r["sft"] for r in rows.get("dapo", [])]
         if sft:
             lines.append(
-                f"| {recipe} | (SFT start) | {' '.join(f'{a:.1f}' for a in sft)} | {interval(sft)[0]:.1f} | | |"
+                f"| {recipe} | {regime} | (SFT start) | {' '.join(f'{a:.1f}' for a in sft)} "
+                f"| {interval(sft)[0]:.1f} | | |"
             )
-        best.append(f"{recipe}:{max(means, key=means.get)}")
+        best.append(f"{recipe}@{regime}:{max(means, key=means.get)}")
     return lines, best, beats
 
 
@@ -150,6 +165,9 @@ def main() -> None:
     parser.add_argument("--recipes", default=",".join(RECIPES), help="Comma-separated recipe files.")
     parser.add_argument("--seeds", default="0-2", help="Seeds, e.g. 0-2 or 0,3,5 (at least 3 for an interval).")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"Any of {', '.join(VARIANTS)}.")
+    parser.add_argument(
+        "--regimes", default="on-policy", help=f"Comma-separated, any of {', '.join(REGIMES)} (each variant in each)."
+    )
     parser.add_argument("--jobs", type=int, default=1, help="Seeds run at a time (one thread each).")
     parser.add_argument(
         "--ray",
@@ -165,6 +183,10 @@ def main() -> None:
         raise SystemExit(f"unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
     if "dapo" not in variants:
         variants.insert(0, "dapo")  # the baseline every other variant is compared with
+    regimes = args.regimes.split(",")
+    if unknown := set(regimes) - set(REGIMES):
+        raise SystemExit(f"unknown regimes {sorted(unknown)}; choose from {', '.join(REGIMES)}")
+    runs = [v if regime == "on-policy" else f"{v}@{regime}" for regime in regimes for v in variants]
     run_dir = args.run_dir or REPO / "runs" / f"benchmark-algorithms-{time.strftime('%Y%m%d-%H%M%S')}"
     jobs = [(REPO / recipe, seed) for recipe in args.recipes.split(",") for seed in parse_seeds(args.seeds)]
 
@@ -175,7 +197,7 @@ def main() -> None:
             # a seed's variants in turn: the first trains SFT, the others take it from the cache
             config, seed = job
             seed_dir = run_dir / config.stem / f"seed-{seed}"
-            return [run_variant(config, seed_dir, seed, v, args.overrides, env, runner.launch) for v in variants]
+            return [run_variant(config, seed_dir, seed, v, args.overrides, env, runner.launch) for v in runs]
 
         results = [r for rows in runner.map(one_seed, jobs) for r in rows]
     (run_dir / "algorithms.json").write_text(json.dumps(results, indent=2))
