@@ -104,17 +104,17 @@ def fetch_checkpoint(run_id: str, target: Path, ctx: RunContext) -> None:
 
 def mirror_on_save(args: Any, state: Any, run_id: str | None) -> None:
     """Every worker: hand process 0 this worker's RNG state; process 0: seal the checkpoint, log it, tag the step."""
+    import mlflow
+
     path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
     own = path / f"rng_state_{args.process_index}.pth"
     shares = gather((own.name, own.read_bytes()) if own.is_file() else None)
     if not state.is_world_process_zero:
         return
     for name, data in filter(None, shares):
-        if not (path / name).is_file():  # on another machine's disk: write process 0's copy
+        if not (path / name).is_file():  # written on another machine's disk: process 0 keeps a copy
             (path / name).write_bytes(data)
     seal_on_save(args, state)
-    import mlflow
-
     client = mlflow.MlflowClient()
     client.log_artifacts(run_id, str(path), f"{FOLDER}/{path.name}")
     client.set_tag(run_id, RESUME_STEP_TAG, str(state.global_step))  # last: a tagged step is all in the store
