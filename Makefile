@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # fixtures are built once), the slowest files first (tests/conftest.py). PYTEST_WORKERS=1 runs them in one process.
 PYTEST_WORKERS ?= auto
 
-.PHONY: run test test-fast test-postgres test-vllm gpu-check lint install serve stop status clean
+.PHONY: run test test-fast test-postgres test-vllm test-ray gpu-check lint install serve stop status clean
 
 # bubblewrap isolates model-written programs in the code reward's sandbox (docs/rewards.md); without it, as root,
 # the sandbox refuses to run them. Installed where we can (root on Debian/Ubuntu); never fails the install.
@@ -46,9 +46,10 @@ stop: install
 status: install
 	$(BIN)/grpo-pipeline status
 
-# Lint first, then every test but the tiers that need more than this environment (test-postgres, test-vllm).
+# Lint first, then every test but the tiers that need more than this environment (test-postgres, test-vllm,
+# test-ray's cluster tests).
 test: install lint
-	$(BIN)/python -m pytest -q $(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder) --ignore=tests/test_stack_postgres.py $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder) --ignore=tests/test_stack_postgres.py --ignore=tests/test_ray.py $(PYTEST_ARGS)
 
 # The PostgreSQL tier: the stack's record-writing tests again with both servers on a private PostgreSQL server
 # (tests/test_stack_postgres.py; skipped, with the reason, where PostgreSQL's server programs are not installed).
@@ -75,6 +76,15 @@ $(VENV)/.gpu-installed: $(VENV)/.installed
 
 gpu-check: install $(VENV)/.gpu-installed
 	$(BIN)/python benchmarks/gpu_check.py
+
+# The Ray tier: the `ray` extra (Ray Train), then every test marked `ray`, among them SFT and GRPO as Ray Train jobs
+# (tests/test_ray.py: a round split across a two-node cluster, killed and resumed; the recipe on a local cluster).
+$(VENV)/.ray-installed: $(VENV)/.installed
+	$(BIN)/pip install -q -e ".[test,ray]"
+	touch $@
+
+test-ray: $(VENV)/.ray-installed
+	$(BIN)/python -m pytest -q -m ray $(PYTEST_ARGS)
 
 # Unit tests only: no server, no sandbox, no pipeline run (well under a minute).
 test-fast: install
