@@ -90,9 +90,11 @@ def test_checkpoints_mirrored_to_mlflow_come_back_on_a_disk_without_them(tmp_pat
     first_disk = tmp_path / "node-a" / "out.resume"
     for step in (2, 4):
         fake_checkpoint(first_disk, step)
-        args = SimpleNamespace(output_dir=str(first_disk), process_index=0)
+        args = SimpleNamespace(output_dir=str(first_disk), process_index=0, save_total_limit=1)
         checkpoint_mirror.mirror_on_save(args, SimpleNamespace(global_step=step, is_world_process_zero=True), run_id)
     assert (first_disk / "checkpoint-4" / SEAL).is_file()  # sealed before it was mirrored
+    client = mlflow.MlflowClient()
+    assert [a.path for a in client.list_artifacts(run_id, "resume")] == ["resume/checkpoint-4"]  # save_total_limit
 
     other_disk = tmp_path / "node-b" / "out.resume"
     (other_disk / "checkpoint-6").mkdir(parents=True)  # newer, but never mirrored: not to be resumed from
@@ -101,6 +103,5 @@ def test_checkpoints_mirrored_to_mlflow_come_back_on_a_disk_without_them(tmp_pat
     assert (last / "model.safetensors").read_bytes() == b"weights 4"
     assert not (other_disk / "checkpoint-6").exists()
 
-    mlflow.set_tracking_uri(f"sqlite:///{Path(ctx.run_dir).resolve() / 'mlflow.db'}")
     checkpoint_mirror.forget_mirrored(run_id)
     assert checkpoint_mirror.newest_mirrored(ctx, key) is None

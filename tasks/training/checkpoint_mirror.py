@@ -118,6 +118,26 @@ def mirror_on_save(args: Any, state: Any, run_id: str | None) -> None:
     client = mlflow.MlflowClient()
     client.log_artifacts(run_id, str(path), f"{FOLDER}/{path.name}")
     client.set_tag(run_id, RESUME_STEP_TAG, str(state.global_step))  # last: a tagged step is all in the store
+    prune_mirrored(client, run_id, keep=args.save_total_limit)
+
+
+def prune_mirrored(client: Any, run_id: str, keep: int | None) -> None:
+    """Keep the newest `keep` mirrored checkpoints of `run_id` (the Trainer's save_total_limit, as on the local disk);
+    a store that cannot delete keeps them all (they are never read again)."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    mirrored_steps = sorted(
+        int(step)
+        for info in client.list_artifacts(run_id, FOLDER)
+        if (step := info.path.rsplit("checkpoint-", 1)[-1]).isdigit()
+    )
+    stale = mirrored_steps[:-keep] if keep else []
+    try:
+        repo = get_artifact_repository(client.get_run(run_id).info.artifact_uri)
+        for step in stale:
+            repo.delete_artifacts(f"{FOLDER}/checkpoint-{step}")
+    except Exception as e:
+        logger.info("older mirrored checkpoints of MLflow run %s stay in its artifacts (%s)", run_id, e)
 
 
 def mirror_callback(run_id: str | None) -> TrainerCallback:
