@@ -105,3 +105,14 @@ def test_checkpoints_mirrored_to_mlflow_come_back_on_a_disk_without_them(tmp_pat
 
     checkpoint_mirror.forget_mirrored(run_id)
     assert checkpoint_mirror.newest_mirrored(ctx, key) is None
+
+
+def test_backend_ray_without_ray_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import sys
+
+    from grpo_pipeline.tasks.core.ray_launch import ray_launch
+
+    monkeypatch.setitem(sys.modules, "ray.train", None)  # as where the ray extra is not installed
+    ctx = RunContext(run_dir=str(tmp_path), experiment="e", recipe="r", seed=0, backend="ray", num_processes=2)
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[ray\]'.*distributed\.backend=accelerate"):
+        ray_launch(lambda **kw: None, {"out": tmp_path / "out"}, ctx)  # type: ignore[arg-type]

@@ -104,3 +104,15 @@ def test_the_tiny_recipe_runs_end_to_end_on_a_local_ray_cluster(namespaces: None
     for stage in ("sft", "grpo-round1"):
         metas = [json.loads(p.read_text()) for p in (tmp_path / "runs" / stage).glob("*/meta.json")]
         assert [m["processes"] for m in metas] == [2], (stage, metas)  # trained by the job's two workers
+
+
+def test_a_gpu_among_the_resources_makes_the_workers_train_on_it() -> None:
+    from grpo_pipeline.tasks.core.ray_launch import scaling_config
+    from grpo_pipeline.tasks.core.stage import RunContext
+
+    resources = {"GPU": 1.0, "CPU": 8.0}
+    ctx = RunContext(run_dir="runs", experiment="e", recipe="r", seed=0, backend="ray", num_processes=4,
+                     resources_per_worker=resources)  # fmt: skip
+    gpu, cpu = scaling_config(ctx), scaling_config(ctx.model_copy(update={"resources_per_worker": {"CPU": 2.0}}))
+    assert (gpu.num_workers, gpu.use_gpu, gpu.resources_per_worker) == (4, True, resources)
+    assert (cpu.use_gpu, cpu.resources_per_worker) == (False, {"CPU": 2.0})

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from grpo_pipeline.configs.schema import ConfigError
 from grpo_pipeline.tasks.core.common import Checkpoint, logger
 from grpo_pipeline.tasks.core.launch import LAUNCH_ID_ENV, is_main_process, job_spec, rebuild_job
 from grpo_pipeline.tasks.core.publish import (
@@ -53,9 +54,14 @@ FORWARDED_PREFIXES = ("MLFLOW_", "GRPO_PIPELINE_", "HF_", "OMP_NUM_THREADS")
 def ray_launch(fn: Callable[..., Checkpoint], params: dict[str, Any], ctx: RunContext) -> Checkpoint:
     """Train the stage `fn` as a Ray Train job and return the checkpoint its worker 0 saved, fetched here where its
     path is not."""
-    from ray.train import FailureConfig, RunConfig, TrainingFailedError
-    from ray.train.torch import TorchTrainer
-
+    try:
+        from ray.train import FailureConfig, RunConfig, TrainingFailedError
+        from ray.train.torch import TorchTrainer
+    except ImportError as e:
+        raise ConfigError(
+            f"distributed.backend is ray but Ray Train cannot be imported here ({e}): pip install -e '.[ray]' "
+            "(ray[train]==2.60.0), or set distributed.backend=accelerate"
+        ) from e
     out = Path(params["out"]).resolve()
     inputs = shared_inputs({k: v for k, v in params.items() if k != "out"}, ctx, out.parent.name)
     handoff = uuid.uuid4().hex  # names the stage's result in MLflow
