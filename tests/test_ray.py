@@ -1,6 +1,6 @@
 """The Ray tier (`make test-ray`): SFT and GRPO as Ray Train jobs (`distributed.backend: ray`).
 
-Every test here starts a Ray cluster, inside network and PID namespaces of its own (`unshare --net --pid --fork
+The tests that start a Ray cluster do so inside network and PID namespaces of their own (`unshare --net --pid --fork
 --mount-proc`, then `ip link set lo up`): Ray hands its workers the machine's interface address, and there only
 loopback exists, so nothing the cluster opens can be reached from outside or reach out; and every process the
 cluster starts ends with the namespace, whatever happens to the test. `make test` leaves this file out (the Makefile's
