@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from grpo_pipeline.configs.schema import ModelConfig
 from grpo_pipeline.tasks.core.common import Checkpoint, atomic_dir, fingerprint_path, logger
 from grpo_pipeline.tasks.core.stage import stage
-from grpo_pipeline.tasks.core.tracking import tracking_uri
+from grpo_pipeline.tasks.core.tracking import tracking_uri, use_store
 
 if TYPE_CHECKING:
     from mlflow.entities.model_registry import ModelVersion
@@ -129,7 +129,7 @@ def fetch_registered(version: ModelVersion, run_dir: str, out: Path) -> Path:
     import mlflow
 
     pinned = f"{REGISTRY_PREFIX}{version.name}/{version.version}"
-    mlflow.set_tracking_uri(tracking_uri(run_dir))
+    use_store(run_dir)
     with atomic_dir(out) as tmp:
         downloaded = Path(mlflow.artifacts.download_artifacts(artifact_uri=pinned, dst_path=str(tmp / "download")))
         if (downloaded / "MLmodel").exists():

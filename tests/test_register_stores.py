@@ -4,6 +4,7 @@ that store does not hold. Two SQLite stores stand in for two tracking servers.""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,27 @@ def test_a_cached_register_stage_registers_again_in_a_new_store_or_after_a_delet
     redone, cached = registering()
     assert not cached and redone.version != first.version
     assert a.get_model_version("m", redone.version).run_id == stores.ckpt.run_id
+
+
+def test_each_run_directory_keeps_its_own_store_in_one_process(tmp_path, monkeypatch):
+    """mlflow.set_tracking_uri also exports MLFLOW_TRACKING_URI; the pipeline's own pointing at a store must not, or
+    the first run directory a process used becomes every later one's store. A user's own variable still wins."""
+    import mlflow
+
+    from grpo_pipeline.tasks.core.tracking import configure_mlflow, tracking_uri
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    try:
+        configure_mlflow(first, "one")
+        assert "MLFLOW_TRACKING_URI" not in os.environ
+        configure_mlflow(second, "two")
+        assert mlflow.get_tracking_uri() == tracking_uri(second) == f"sqlite:///{second / 'mlflow.db'}"
+        assert (second / "mlflow.db").exists()
+        server = f"sqlite:///{tmp_path / 'server.db'}"
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", server)
+        configure_mlflow(first, "one")
+        assert os.environ["MLFLOW_TRACKING_URI"] == server == mlflow.get_tracking_uri()
+    finally:
+        mlflow.set_tracking_uri(None)  # no store of this test's left as the process's

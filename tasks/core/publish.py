@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref, atomic_dir, fingerprint_path, logger
 from grpo_pipeline.tasks.core.stage import RunContext
-from grpo_pipeline.tasks.core.tracking import configure_mlflow, mlflow_run, tracking_uri
+from grpo_pipeline.tasks.core.tracking import configure_mlflow, mlflow_run, use_store
 
 ARTIFACT_PATH = "checkpoint"
 R = TypeVar("R", bound=Ref)
@@ -118,7 +118,7 @@ def materialize(ref: R, run_dir: str) -> R:
         return ref
     if ref.uri is None:
         raise FileNotFoundError(f"{ref.path} is not on this machine and was not published to MLflow")
-    mlflow.set_tracking_uri(tracking_uri(run_dir))
+    use_store(run_dir)
     out = Path(run_dir).resolve() / "fetched" / ref.fingerprint[:12]
     is_file = ref.uri.rsplit("/", 1)[-1] == Path(ref.path).name  # `publish` names files in their URI, not folders
     local = out / Path(ref.path).name if is_file else out
@@ -148,7 +148,7 @@ def hand_over(policy: Checkpoint, handoff: str, run_dir: str) -> None:
     never through Prefect's result storage (which would have to be shared between the machines)."""
     import mlflow
 
-    mlflow.set_tracking_uri(tracking_uri(run_dir))
+    use_store(run_dir)
     client = mlflow.MlflowClient()
     client.log_text(policy.run_id, policy.model_dump_json(), HANDOFF_FILE)
     client.set_tag(policy.run_id, HANDOFF_TAG, handoff)  # last: a tagged run has its checkpoint

@@ -27,6 +27,25 @@ def tracking_uri(run_dir: str | Path) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
 
 
+def use_store(run_dir: str | Path) -> str:
+    """Point this process's MLflow client at the run's store (tracking_uri) and return its URI.
+
+    mlflow.set_tracking_uri also writes MLFLOW_TRACKING_URI into the environment, which tracking_uri reads first as
+    the user's choice: without the restore, the first run directory a process used would be every later one's store
+    (a second run directory's stages logging into the first's SQLite file). The user's own variable, if any, stays.
+    """
+    import mlflow
+
+    uri = tracking_uri(run_dir)
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
+    return uri
+
+
 _HOW_TO_FIX = ": start the tracking server, or point MLFLOW_TRACKING_URI at one that is up"
 
 
@@ -91,8 +110,7 @@ def configure_mlflow(run_dir: str | Path, experiment: str) -> str:
     """
     import mlflow
 
-    uri = tracking_uri(run_dir)
-    mlflow.set_tracking_uri(uri)
+    uri = use_store(run_dir)
     # Two runs sharing a SQLite store (one run directory) would both create its tables on first use (measured:
     # "table _alembic_tmp_experiments already exists") and both create the experiment; one at a time, the second
     # finds them made. A server serialises this itself.
