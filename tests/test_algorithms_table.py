@@ -10,7 +10,7 @@ import pytest
 from tests.helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from algorithms import REGIMES, VARIANTS, table  # noqa: E402
+from algorithms import REGIMES, VARIANTS, table
 
 
 def result(variant: str, regime: str, seed: int, accuracy: float) -> dict:
