@@ -1,4 +1,4 @@
-"""Which GRPO objective learns best here? Round 1 of an embedded recipe with each of TRL's loss types and with GSPO,
+r"""Which GRPO objective learns best here? Round 1 of an embedded recipe with each of TRL's loss types and with GSPO,
 from one SFT checkpoint per seed, over several seeds (docs/algorithms.md).
 
 For each seed S (`seed=S data.seed=S`, one run directory per seed and recipe) the recipe runs once per variant with
@@ -14,7 +14,9 @@ runs each variant's command as a Ray task of one CPU instead (one thread too, so
 Usage:
   python benchmarks/algorithms.py --seeds 0-2 --jobs 2                      # tiny-arith and tiny-code
   python benchmarks/algorithms.py --recipes configs/tiny-arith.yaml --seeds 0-2 --variants dapo,cispo
-  python benchmarks/algorithms.py --regimes num_iterations=2,num_iterations=4,steps_per_generation=4 ...  # off-policy
+  # off-policy, every round keeping its best-probed step (the default recipe may otherwise return its start):
+  python benchmarks/algorithms.py --regimes num_iterations=2,num_iterations=4,steps_per_generation=4 \
+      -- grpo.keep_over_start=false grpo.keep_margin=0
   python benchmarks/algorithms.py --run-dir D ...   # finished variants in D are reused, not trained again
   python benchmarks/algorithms.py --seeds 0-5 --ray HOST:PORT   # each variant a Ray task (benchmarks/fanout.py)
 The last line is machine-readable: best=<recipe@regime:variant,...> beats_dapo=<recipe@regime:variant,...>
@@ -82,6 +84,11 @@ def run_variant(
     overrides.append(f"registry.model_name={config.stem}-{objective}" + (f"-{regime.replace('=', '')}" * bool(regime)))
     record = run_pipeline(config, seed_dir, overrides, env, launch)
     summary = record["summary"]
+    if not summary["registrations"]:  # keep_over_start returned the start: the round has no policy of its own
+        raise SystemExit(
+            f"{config.stem} seed {seed} {variant}: round 1 returned its start ({summary.get('stopped')}), so it has no "
+            "accuracy of its own to compare; pass grpo.keep_over_start=false grpo.keep_margin=0 to keep its best step"
+        )
     [registration] = summary["registrations"]
     accuracy = {row["model"]: row["metrics"]["accuracy"] for row in summary["scores"]}
     steps, runtime = train_time(seed_dir, registration["run_id"])

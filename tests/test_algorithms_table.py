@@ -10,6 +10,7 @@ import pytest
 from tests.helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import algorithms
 from algorithms import REGIMES, VARIANTS, table
 
 
@@ -47,3 +48,16 @@ def test_every_regime_is_off_policy_in_the_config(regime):
 
     cfg = load_config(ROOT / "configs" / "tiny-arith.yaml", [*REGIMES[regime], *VARIANTS["cispo"]])
     assert cfg.grpo.num_iterations > 1 or (cfg.grpo.steps_per_generation or 1) > 1
+
+
+def test_a_round_that_returned_its_start_is_one_clear_error(tmp_path, monkeypatch):
+    """Under keep_over_start a round can return its start and register nothing: there is no accuracy of its own to
+    put in the table, so the run stops with the overrides that keep the round's best step, instead of a bare
+    unpacking error."""
+    stopped = "round 1 returned its start unchanged"
+    record = {"summary": {"registrations": [], "stopped": stopped, "scores": []}, "total_s": 1.0}
+    monkeypatch.setattr(algorithms, "run_pipeline", lambda *args: record)
+    with pytest.raises(SystemExit, match=r"grpo\.keep_over_start=false grpo\.keep_margin=0") as e:
+        algorithms.run_variant(ROOT / "configs" / "tiny-arith.yaml", tmp_path, 0, "dapo@num_iterations=2", [], {}, None)
+    assert stopped in str(e.value)
+    assert not (tmp_path / "variant-dapo@num_iterations=2.json").exists()
