@@ -16,6 +16,8 @@ from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
+from grpo_pipeline import python_ast
+
 MAX_EXPRESSION_CHARS = 2000  # longer input is refused unparsed (ast.parse of deep nesting is itself costly)
 MAX_DIGITS = 1000  # the largest numerator or denominator any step may produce, in decimal digits
 MAX_NODES = 500  # numbers and operators in one expression
@@ -71,7 +73,7 @@ def evaluate(expression: str) -> Fraction:
     if len(expression) > MAX_EXPRESSION_CHARS:
         raise CalcError(f"the expression is longer than {MAX_EXPRESSION_CHARS} characters; split it into steps")
     try:
-        tree = ast.parse(expression, mode="eval")
+        tree = python_ast.parse(expression, mode="eval")
     except SyntaxError as e:
         raise CalcError(f"not an arithmetic expression ({e.msg}); write e.g. 2 * (3 + 4)") from None
     nodes = sum(1 for _ in ast.walk(tree))

@@ -38,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from grpo_pipeline import python_ast
 from grpo_pipeline.rewards.code import IoLimits, stdio_job
 from grpo_pipeline.rewards.code_formats import StdioCase
 from grpo_pipeline.rewards.harness import program_source
@@ -198,7 +199,7 @@ def time_sandbox(jobs: list, timeout_s: float, harness: str | None = None) -> tu
 def harness_at(folder: Path) -> str:
     """The program of the harness package in `folder` (another revision's), its modules joined in the order its own
     `__init__.py` names (`MODULES`)."""
-    tree = ast.parse((folder / "__init__.py").read_text())
+    tree = python_ast.parse((folder / "__init__.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "MODULES" for t in node.targets):
             return program_source(folder, ast.literal_eval(node.value))

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from grpo_pipeline import python_ast
 from grpo_pipeline.rewards.code_asserts import builtins_under_test, mark_under_test
 from grpo_pipeline.rewards.code_formats import (
     TEST_FORMAT_COLUMNS,
@@ -89,7 +90,7 @@ def prompt_text(prompt: Any) -> str:
 @functools.lru_cache(maxsize=4096)
 def is_python(source: str) -> bool:
     try:
-        ast.parse(source)
+        python_ast.parse(source)
         return True
     except (SyntaxError, ValueError):
         return False
@@ -112,7 +113,7 @@ def instrument_check(test: str) -> tuple[str, int]:
     `try: <stmt> except Exception as e: _grpo_units_.fail(i, e) else: _grpo_units_.ok(i)`.
     """
     try:
-        tree = ast.parse(test)
+        tree = python_ast.parse(test)
     except SyntaxError as e:
         raise TestSpecError(f"test code does not parse: {e}") from None
     check = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"), None)
@@ -152,7 +153,9 @@ def _stdlib_names(statements: tuple[str, ...]) -> list[str]:
     names: set[str] = set()
     for s in statements:
         names |= {
-            n.value.id for n in ast.walk(ast.parse(s)) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+            n.value.id
+            for n in ast.walk(python_ast.parse(s))
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
         }
     return sorted(n for n in names if n in sys.stdlib_module_names)
 

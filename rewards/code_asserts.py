@@ -22,6 +22,8 @@ import ast
 import builtins
 import functools
 
+from grpo_pipeline import python_ast
+
 UNDER_TEST = "_grpo_under_test_"  # the harness binds UNDER_TEST + name to the program's `name`
 
 
@@ -33,7 +35,7 @@ def _sides(statement: str) -> list[tuple[ast.expr, list[ast.expr]]]:
     """(tested side, expected side) of every assert in `statement`: `left` and the comparators of a comparison,
     else the whole test and nothing."""
     sides: list[tuple[ast.expr, list[ast.expr]]] = []
-    for node in ast.walk(ast.parse(statement)):
+    for node in ast.walk(python_ast.parse(statement)):
         if isinstance(node, ast.Assert):
             test = node.test
             sides.append((test.left, list(test.comparators)) if isinstance(test, ast.Compare) else (test, []))
@@ -75,7 +77,7 @@ def builtins_under_test(statements: tuple[str, ...], entry_point: str | None = N
 
 def mark_under_test(statement: str, names: tuple[str, ...]) -> str:
     """`statement` with its tested side's calls of `names` renamed to `UNDER_TEST + name` (unchanged without any)."""
-    tree = ast.parse(statement)
+    tree = python_ast.parse(statement)
     changed = False
     for node in ast.walk(tree):
         if isinstance(node, ast.Assert):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from grpo_pipeline import python_ast
 from grpo_pipeline.configs.schema import DataConfig
 from grpo_pipeline.tasks.preflight import data_path_problems
 from tests.helpers import ROOT, cli_env, micro_overrides, run_cli
@@ -74,7 +75,7 @@ def test_only_the_source_in_use_is_checked(tmp_path):
 
 
 def test_no_preflight_function_is_over_60_lines():
-    tree = ast.parse((ROOT / "tasks" / "preflight.py").read_text())
+    tree = python_ast.parse((ROOT / "tasks" / "preflight.py").read_text())
     long = {
         node.name: node.end_lineno - node.lineno + 1
         for node in ast.walk(tree)

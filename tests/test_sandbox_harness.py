@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from grpo_pipeline import python_ast
 from grpo_pipeline.rewards import harness
 from grpo_pipeline.rewards.harness import MODULES, program_source
 
@@ -19,7 +20,7 @@ MAX_ARG_STRLEN = 32 * 4096  # Linux: the longest single argument of execve (long
 
 def tree(name: str) -> ast.Module:
     path = FOLDER / f"{name}.py"
-    return ast.parse(path.read_text(), str(path))
+    return python_ast.parse(path.read_text(), str(path))
 
 
 def defined(module: ast.Module) -> set[str]:
@@ -102,7 +103,7 @@ def test_functions_are_short(name: str) -> None:
 def test_the_joined_program_is_one_module_that_fits_on_a_command_line() -> None:
     source = harness.source()
     assert len(source.encode()) < MAX_ARG_STRLEN
-    joined = ast.parse(source)
+    joined = python_ast.parse(source)
     assert [ast.unparse(n) for n in ast.walk(joined) if isinstance(n, ast.ImportFrom) and n.level] == []
     futures = [n for n in joined.body if isinstance(n, ast.ImportFrom) and n.module == "__future__"]
     assert futures == [joined.body[0]]

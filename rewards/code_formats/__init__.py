@@ -58,6 +58,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from grpo_pipeline import python_ast
 from grpo_pipeline.rewards.code_formats.apps import APPS
 from grpo_pipeline.rewards.code_formats.cases import (
     EXTRA_TEST_COLUMNS,
@@ -134,7 +135,7 @@ def entry_expression(tests: ParsedTests, program: str) -> str | None:
     if tests.entry is None or tests.class_name is None:
         return tests.entry
     try:
-        body = ast.parse(program).body
+        body = python_ast.parse(program).body
     except (SyntaxError, ValueError):  # it will fail to run anyway; the harness reports that
         return tests.entry
     if any(isinstance(node, ast.ClassDef) and node.name == tests.class_name for node in body):

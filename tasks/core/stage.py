@@ -30,6 +30,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from grpo_pipeline import python_ast
 from grpo_pipeline.configs.schema import UNKEYED, PipelineConfig, section_hash
 
 PACKAGE = "grpo_pipeline"
@@ -113,7 +114,7 @@ def _imported(module: str, file: Path, known: Mapping[str, Path]) -> set[str]:
 def _import_names(source: str, filename: str, module: str, is_package: bool) -> tuple[str, ...]:
     """The dotted names a module's source imports, relative imports resolved."""
     found: list[str] = []
-    for node in ast.walk(ast.parse(source, filename)):
+    for node in ast.walk(python_ast.parse(source, filename)):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -165,7 +166,7 @@ def code_text(file: Path) -> str:
 
 @functools.cache  # by source text, as `_import_names`: parsing is most of a cold run's key time
 def _code_text(source: str, filename: str) -> str:
-    return ast.dump(_Unprosed().visit(ast.parse(source, filename)))
+    return ast.dump(_Unprosed().visit(python_ast.parse(source, filename)))
 
 
 class _Unprosed(ast.NodeTransformer):
