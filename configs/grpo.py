@@ -110,7 +110,15 @@ class GRPOStageConfig(PolicyLossConfig):
     lr_schedule: Literal["constant", "cosine", "linear"] = Field(
         default="constant",
         description="The learning rate over a round's steps after warmup: 'constant', or decayed to 0 by the round's "
-        "last step ('cosine', 'linear'). Every round starts again from learning_rate (warm restarts across rounds).",
+        "last step ('cosine', 'linear'). Every round starts again from its peak (warm restarts across rounds).",
+    )
+    round_lr_decay: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="The peak learning rate of round r is learning_rate * round_lr_decay**(r - 1): 1.0 restarts every "
+        "round at learning_rate, 0.5 halves the peak from one round to the next, so a later round, which starts from a "
+        "better policy, refines it instead of being shaken off it at the peak.",
     )
     rewards: list[RewardSpec] = Field(
         default=[RewardSpec(name="correctness"), RewardSpec(name="format", weight=0.2)],
@@ -248,6 +256,10 @@ class GRPOStageConfig(PolicyLossConfig):
         "checkpoint comes back through the MLflow artifact store. Needs a Prefect server and a worker on the pool "
         "(`grpo-pipeline serve`).",
     )
+
+    def round_learning_rate(self, round_index: int) -> float:
+        """The peak learning rate of round `round_index` (1 for the first): see round_lr_decay."""
+        return self.learning_rate * self.round_lr_decay ** (round_index - 1)
 
     @property
     def reuses_rollouts(self) -> bool:

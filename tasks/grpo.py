@@ -46,10 +46,11 @@ if TYPE_CHECKING:  # the training libraries load when a round runs, not when a c
 
 
 def trl_grpo_args(
-    cfg: GRPOStageConfig, common: dict[str, Any], weights: list[float], num_processes: int = 1
+    cfg: GRPOStageConfig, common: dict[str, Any], weights: list[float], num_processes: int = 1, round_index: int = 1
 ) -> GRPOConfig:
-    """Map the pipeline's GRPO section (batch fields in prompts and generations) onto TRL's GRPOConfig; the batch
-    stays global, each of `num_processes` processes taking its share of the step's completions."""
+    """Map the pipeline's GRPO section (batch fields in prompts and generations) onto TRL's GRPOConfig for round
+    `round_index` (its peak learning rate); the batch stays global, each of `num_processes` processes taking its
+    share of the step's completions."""
     from trl import GRPOConfig
 
     from grpo_pipeline.agents.trainer_args import agent_args
@@ -65,7 +66,7 @@ def trl_grpo_args(
     return GRPOConfig(
         **common,
         max_steps=cfg.steps_per_round,
-        learning_rate=cfg.learning_rate,
+        learning_rate=cfg.round_learning_rate(round_index),
         # transformers' cosine and linear schedules warm up themselves; its plain constant one does not
         lr_scheduler_type="constant_with_warmup"
         if cfg.lr_schedule == "constant" and cfg.warmup_ratio
@@ -219,7 +220,7 @@ def grpo_train(spec: GRPORound, *, out: Path) -> Checkpoint:
         from grpo_pipeline.agents.trainer_args import trainer_agent_kwargs
         from grpo_pipeline.tasks.training.probe import HeldOutAccuracyProbe
 
-        args = trl_grpo_args(cfg, common, weights, ctx.num_processes)
+        args = trl_grpo_args(cfg, common, weights, ctx.num_processes, round_index)
         callbacks = round_callbacks(cfg, tokenizer, spec.held_out, correctness_reward, watch, health.notes)
         probes.extend(c for c in callbacks if isinstance(c, HeldOutAccuracyProbe))
         prepare_vllm_rollouts(args.use_vllm and args.vllm_mode == "colocate")

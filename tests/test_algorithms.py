@@ -181,3 +181,17 @@ def test_the_registered_version_and_card_record_the_objective():
     heading, line, _ = objective_lines(tags)
     assert heading.startswith("## Objective") and "loss_type=cispo" in line and "epsilon_high=5.0" in line
     assert objective_lines({"recipe": "x"}) == []
+
+
+def test_each_round_peaks_at_its_decayed_learning_rate(tmp_path):
+    from grpo_pipeline.tasks.grpo import trl_grpo_args
+    from grpo_pipeline.tasks.training.trainer import shared_args
+
+    config = load_config(None, [*MICRO, "grpo.learning_rate=2e-4", "grpo.round_lr_decay=0.5"])
+    common = shared_args(str(tmp_path), True, 0, config.model)
+    rates = [trl_grpo_args(config.grpo, common, [1.0, 0.2], 1, r).learning_rate for r in (1, 2, 3)]
+    assert rates == pytest.approx([2e-4, 1e-4, 5e-5])
+    restarted = load_config(None, [*MICRO, "grpo.learning_rate=2e-4"]).grpo
+    assert trl_grpo_args(restarted, common, [1.0, 0.2], 1, 3).learning_rate == pytest.approx(2e-4)
+    with pytest.raises(ValueError, match="round_lr_decay"):
+        load_config(None, [*MICRO, "grpo.round_lr_decay=1.5"])
