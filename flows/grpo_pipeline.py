@@ -165,7 +165,19 @@ class Stages:
 
     def __call__(self, name: str, stage: Task, /, *, listed: bool = True, **inputs: Any) -> Any:
         start = time.perf_counter()
-        state = stage(return_state=True, **inputs)
+        return self._finish(name, stage, inputs, stage(return_state=True, **inputs), start, listed)
+
+    def at_once(self, calls: list[tuple[str, Task, dict[str, Any]]]) -> list[Any]:
+        """The stages of `calls` (name, task, inputs) submitted together to the flow's task runner (threads, each
+        waiting on its own work: a Ray task with distributed.backend ray), their results in order; each recorded
+        with the time from the common start to its own end."""
+        start = time.perf_counter()
+        futures = [stage.submit(**inputs) for _, stage, inputs in calls]
+        for future in futures:
+            future.wait()
+        return [self._finish(n, s, i, f.state, start, True) for (n, s, i), f in zip(calls, futures, strict=True)]
+
+    def _finish(self, name: str, stage: Task, inputs: dict[str, Any], state: Any, start: float, listed: bool) -> Any:
         if state.name == "Cached" and (problems := damaged(state.result())):
             get_run_logger().warning("%s: not using the cached result (%s); rebuilding it", name, "; ".join(problems))
             state = stage.with_options(refresh_cache=True)(return_state=True, **inputs)
@@ -290,17 +302,19 @@ def evaluate_suites(run: Stages, cfg: PipelineConfig, policy: Checkpoint, suites
     """`policy` scored on every suite, each suite its own cached stage (`evaluate-<label>` for the held-out split,
     as before suites existed, `evaluate-<label>-<suite>` for the others). The training rewards' means are scored on
     the held-out split only: another benchmark's rows need not have the columns they read."""
-    scores: Scores = {}
+    calls = []
     for name, rows in suites.items():
         held_out = cfg.eval.suite(name).source == HELDOUT
         stage_label = label if name == HELDOUT else f"{label}-{name}"
-        scores[name] = run(
-            f"evaluate-{stage_label}", evaluate,
+        calls.append((f"evaluate-{stage_label}", evaluate, dict(
             policy=policy, held_out=rows, cfg=cfg.eval.for_suite(name), ctx=RunContext.of(cfg), label=stage_label,
             rewards=cfg.grpo.rewards if held_out else None,
-        ).model_copy(update={"suite": name})  # fmt: skip
-        run.suite_seconds[name] = run.suite_seconds.get(name, 0.0) + run.records[-1].seconds
-    return scores
+        )))  # fmt: skip
+    # On a Ray cluster every suite is a task of its own, all sent at once; here they take turns for this machine.
+    results = run.at_once(calls) if cfg.distributed.backend == "ray" else [run(n, s, **i) for n, s, i in calls]
+    for name, record in zip(suites, run.records[-len(calls) :], strict=True):
+        run.suite_seconds[name] = run.suite_seconds.get(name, 0.0) + record.seconds
+    return {name: r.model_copy(update={"suite": name}) for name, r in zip(suites, results, strict=True)}
 
 
 def prepare_inputs(run: Stages, cfg: PipelineConfig) -> tuple[DatasetRefs, dict[str, Ref], Decontamination | None]:

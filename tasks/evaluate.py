@@ -11,6 +11,7 @@ from typing import Any
 
 from grpo_pipeline.configs.schema import EvalConfig, RewardSpec
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
+from grpo_pipeline.tasks.core.ray_tasks import on_cluster
 from grpo_pipeline.tasks.core.stage import (
     RunContext,
     stage,
@@ -26,7 +27,13 @@ def _eval_code(params: dict[str, Any]) -> dict[str, str]:
     return user_code([cfg.correctness_reward.name, *(r.name for r in params.get("rewards") or ()), *tools])
 
 
+def _here(result: EvalResult, params: dict[str, Any]) -> EvalResult:
+    """The result of an evaluation run as a Ray task, naming the held-out rows by their path on this machine."""
+    return result.model_copy(update={"eval_path": params["held_out"].path})
+
+
 @stage("eval-{label}", external=_eval_code)
+@on_cluster(localize=_here)  # with distributed.backend: ray, one Ray task on the cluster (tasks/core/ray_tasks.py)
 def evaluate(
     policy: Checkpoint,
     held_out: Ref,

@@ -88,7 +88,7 @@ def test_a_round_split_across_two_nodes_matches_accelerate_and_resumes_after_a_n
 
 def test_the_tiny_recipe_runs_end_to_end_on_a_local_ray_cluster(namespaces: None, tmp_path: Path) -> None:
     """`grpo-pipeline run` with distributed.backend=ray and no address: SFT and GRPO each as a Ray Train job of two
-    workers on a local cluster the run starts."""
+    workers on a local cluster the run starts, and each model's evaluation suites as Ray tasks sent at once."""
     summary = tmp_path / "summary.json"
     args = ["run", "--config", "configs/tiny-arith.yaml", "--summary-json", str(summary),
             *micro_overrides(tmp_path / "runs"), "distributed.backend=ray", "distributed.num_workers=2"]  # fmt: skip
@@ -104,6 +104,18 @@ def test_the_tiny_recipe_runs_end_to_end_on_a_local_ray_cluster(namespaces: None
     for stage in ("sft", "grpo-round1"):
         metas = [json.loads(p.read_text()) for p in (tmp_path / "runs" / stage).glob("*/meta.json")]
         assert [m["processes"] for m in metas] == [2], (stage, metas)  # trained by the job's two workers
+    # every evaluation ran as a Ray task, and a model's two suites (held-out, one_digit) at the same time
+    for model in ("sft", "r1"):
+        windows = []
+        for label in (model, f"{model}-one_digit"):
+            (folder,) = (tmp_path / "runs" / f"eval-{label}").iterdir()
+            placement = json.loads((folder / "placement.json").read_text())
+            assert (folder / "items.jsonl").is_file(), sorted(folder.iterdir())  # handed back by the task
+            windows.append((placement["started"], placement["finished"]))
+        (a0, a1), (b0, b1) = windows
+        assert a0 < b1 and b0 < a1, (model, windows)  # the two windows overlap
+    scores = json.loads(summary.read_text())["scores"]
+    assert {s["model"] for s in scores} >= {"sft", "grpo round 1"}, scores
 
 
 def test_a_gpu_among_the_resources_makes_the_workers_train_on_it() -> None:

@@ -25,6 +25,7 @@ import inspect
 import math
 import os
 import sys
+import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -49,6 +50,7 @@ from grpo_pipeline.tasks.training.checkpoint_mirror import MIRROR_ENV
 # What the workers need from the pipeline's environment when they run elsewhere: where MLflow is and how to reach it,
 # the project's own settings, the hub's cache and credentials.
 FORWARDED_PREFIXES = ("MLFLOW_", "GRPO_PIPELINE_", "HF_", "OMP_NUM_THREADS")
+_connecting = threading.Lock()
 
 
 def ray_launch(fn: Callable[..., Checkpoint], params: dict[str, Any], ctx: RunContext) -> Checkpoint:
@@ -136,8 +138,14 @@ def connect(ctx: RunContext) -> None:
     process (a connection already made is kept, the run's later stages reuse it)."""
     import ray
 
-    if ray.is_initialized():
-        return
+    with _connecting:  # the suites' evaluations are sent from several threads at once
+        if not ray.is_initialized():
+            _init(ctx)
+
+
+def _init(ctx: RunContext) -> None:
+    import ray
+
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report leaves the machine unless asked for
     if ctx.ray_address:
         uri = tracking_uri(ctx.run_dir)
