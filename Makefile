@@ -47,9 +47,9 @@ status: install
 	$(BIN)/grpo-pipeline status
 
 # Lint first, then every test but the tiers that need more than this environment (test-postgres, test-vllm,
-# test-ray's cluster tests).
+# every test marked `ray`, which test-ray runs).
 test: install lint
-	$(BIN)/python -m pytest -q $(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder) --ignore=tests/test_stack_postgres.py --ignore=tests/test_ray.py $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder) --ignore=tests/test_stack_postgres.py --ignore=tests/test_ray.py -m "not ray" $(PYTEST_ARGS)
 
 # The PostgreSQL tier: the stack's record-writing tests again with both servers on a private PostgreSQL server
 # (tests/test_stack_postgres.py; skipped, with the reason, where PostgreSQL's server programs are not installed).
