@@ -52,3 +52,25 @@ def test_with_the_ray_backend_the_stage_is_sent_and_its_result_localized(
 def test_a_task_reserves_one_workers_resources() -> None:
     options = {"num_cpus": 2.0, "num_gpus": 1.0, "resources": {"accelerator_type:H100": 0.5}}
     assert ray_tasks._resources(options) == "2 CPU, 1 GPU, 0.5 accelerator_type:H100"
+
+
+def test_an_input_is_published_once_per_mlflow_store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from grpo_pipeline.tasks.core.common import Ref
+
+    published: list[str] = []
+
+    def share(refs: list[Ref], ctx: RunContext, label: str) -> list[Ref]:
+        published.extend(f"{ctx.run_dir}:{r.path}" for r in refs)
+        return [r.model_copy(update={"uri": f"runs:/{ctx.run_dir}/{r.fingerprint}"}) for r in refs]
+
+    monkeypatch.setattr(ray_tasks, "share_refs", share)
+    monkeypatch.setattr(ray_tasks, "_published", {})
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    rows = Ref(path=str(tmp_path / "eval.jsonl"), fingerprint="f" * 64)
+    here, there = (CTX.model_copy(update={"run_dir": str(tmp_path / d)}) for d in ("a", "b"))
+    first = ray_tasks.published_inputs({"held_out": rows, "ctx": here}, here, "eval-sft")
+    again = ray_tasks.published_inputs({"held_out": rows, "ctx": here}, here, "eval-sft-one_digit")
+    other = ray_tasks.published_inputs({"held_out": rows, "ctx": there}, there, "eval-sft")
+    assert first["held_out"].uri == again["held_out"].uri == f"runs:/{here.run_dir}/{'f' * 64}"
+    assert other["held_out"].uri == f"runs:/{there.run_dir}/{'f' * 64}"  # another store's copy, not this one's
+    assert published == [f"{here.run_dir}:{rows.path}", f"{there.run_dir}:{rows.path}"]

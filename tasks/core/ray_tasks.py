@@ -28,12 +28,13 @@ from grpo_pipeline.tasks.core.common import Ref, logger
 from grpo_pipeline.tasks.core.launch import job_spec, rebuild_job
 from grpo_pipeline.tasks.core.publish import materialize, refs_in, replace_refs, share_refs
 from grpo_pipeline.tasks.core.stage import RunContext, context_of
+from grpo_pipeline.tasks.core.tracking import tracking_uri
 
 R = TypeVar("R")
 IN_TASK_ENV = "GRPO_PIPELINE_IN_RAY_TASK"  # set inside the task: the stage runs there, never sends itself again
 PLACEMENT_FILE = "placement.json"
 
-_published: dict[tuple[str, str], Ref] = {}  # (path, fingerprint) -> the Ref with its uri, once per process
+_published: dict[tuple[str, str, str], Ref] = {}  # (MLflow store, path, fingerprint) -> the Ref with its uri
 _publishing = threading.Lock()  # the suites of one model are sent at once: their common policy is published once
 
 
@@ -86,12 +87,13 @@ def ray_task(fn: Callable[..., R], params: dict[str, Any], ctx: RunContext) -> R
 
 
 def published_inputs(params: dict[str, Any], ctx: RunContext, label: str) -> dict[str, Any]:
-    """The stage's arguments with every input given a `uri` in MLflow, each published once per process."""
+    """The stage's arguments with every input given a `uri` in MLflow, each published once per process and store."""
+    store = tracking_uri(ctx.run_dir)
     with _publishing:
-        pending = [r for r in refs_in(params) if (r.path, r.fingerprint) not in _published]
+        pending = [r for r in refs_in(params) if (store, r.path, r.fingerprint) not in _published]
         for ref, shared in zip(pending, share_refs(list(pending), ctx, label), strict=True):
-            _published[(ref.path, ref.fingerprint)] = shared
-    return replace_refs(params, lambda ref: _published[(ref.path, ref.fingerprint)])
+            _published[(store, ref.path, ref.fingerprint)] = shared
+    return replace_refs(params, lambda ref: _published[(store, ref.path, ref.fingerprint)])
 
 
 def run_task(job: dict[str, Any]) -> tuple[Any, dict[str, bytes]]:
