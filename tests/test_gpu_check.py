@@ -109,3 +109,12 @@ def test_a_part_that_ran_but_not_as_asked_fails(gpu_check) -> None:
     assert gpu_check.two_processes({"processes": 2}) is None and gpu_check.two_processes({"processes": 1})
     assert gpu_check.some_steps({"steps": 4}) is None and gpu_check.some_steps({"steps": 0})
     assert set(gpu_check.CHECKS) == {p.name for p in gpu_check.PARTS} - {"eval"}
+
+
+def test_a_training_figure_is_the_median_step_after_the_first(gpu_check) -> None:
+    # the first step carries CUDA's start-up (12.3 s against ~2 s on an H200); averaging it in misstates the rate
+    assert gpu_check.step_figure([12.3, 2.1, 1.9, 2.0], 4.95) == "2.00 s/step (first 12.3 s)"
+    assert gpu_check.step_figure([12.3, 2.5], 7.4) == "2.50 s/step (first 12.3 s)"
+    # with fewer than two step times only the average is known, and the figure says it is one
+    assert gpu_check.step_figure([3.0], 3.2) == "3.20 s/step (average, first step included)"
+    assert gpu_check.step_figure([], 4.95) == "4.95 s/step (average, first step included)"
