@@ -17,7 +17,7 @@ without stopping the others:
              per step; skipped with fewer than two GPUs.
 
 The last line is the summary, e.g.
-  gpu-check: ok vllm_grpo=0.41 s/step (first 9.8 s) eval=2210 tok/s bf16=2.03 s/step (first 12.3 s) ...
+  gpu-check: ok vllm_grpo=<s> s/step (first <s> s) eval=<n> tok/s bf16=<s> s/step (first <s> s) ...
 (training parts: the median step after the first, which carries CUDA's start-up)
 and the exit status is 0 only when no part failed. Without CUDA nothing is measured: it lists the parts and exits 2
 with the reason. `--plan` lists the parts and what each measures, anywhere. Each part's log is kept under --work.
@@ -185,8 +185,9 @@ def grpo_steps(model_dir: Path, work: Path, steps: int, overrides: list[str]) ->
 
 def step_figure(step_times: list[float], s_per_step: float) -> str:
     """Seconds per step once warm: the median of the steps after the first, whose CUDA context, kernel loading and
-    allocator growth a few steps would otherwise average in (on an H200 the first of 4 bf16 steps took 12.3 s and
-    the others about 2 s). Without step times, or with one, the whole training's average, said as such."""
+    allocator growth a few steps would otherwise average in (on an H200 the first of 8 bf16 steps took 11.5 s and
+    the median of the other seven 0.23 s). Without step times, or with one, the whole training's average, said as
+    such."""
     if len(step_times) < 2:
         return f"{s_per_step:.2f} s/step (average, first step included)"
     return f"{statistics.median(step_times[1:]):.2f} s/step (first {step_times[0]:.1f} s)"

@@ -112,7 +112,7 @@ def test_a_part_that_ran_but_not_as_asked_fails(gpu_check) -> None:
 
 
 def test_a_training_figure_is_the_median_step_after_the_first(gpu_check) -> None:
-    # the first step carries CUDA's start-up (12.3 s against ~2 s on an H200); averaging it in misstates the rate
+    # the first step carries CUDA's start-up (11.5 s against 0.23 s on an H200); averaging it in misstates the rate
     assert gpu_check.step_figure([12.3, 2.1, 1.9, 2.0], 4.95) == "2.00 s/step (first 12.3 s)"
     assert gpu_check.step_figure([12.3, 2.5], 7.4) == "2.50 s/step (first 12.3 s)"
     # with fewer than two step times only the average is known, and the figure says it is one
