@@ -16,7 +16,7 @@ without stopping the others:
   ddp        GRPO steps in two processes (distributed.num_processes=2, accelerate's data parallel, NCCL): seconds
              per step; skipped with fewer than two GPUs.
 
-The last line is the summary, e.g.
+The last line is the summary, in this form:
   gpu-check: ok vllm_grpo=<s> s/step (first <s> s) eval=<n> tok/s bf16=<s> s/step (first <s> s) ...
 (training parts: the median step after the first, which carries CUDA's start-up)
 and the exit status is 0 only when no part failed. Without CUDA nothing is measured: it lists the parts and exits 2
