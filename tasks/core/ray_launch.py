@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_pipeline.configs.schema import ConfigError
-from grpo_pipeline.tasks.core.common import Checkpoint, logger
+from grpo_pipeline.tasks.core.common import Checkpoint, Ref, logger
 from grpo_pipeline.tasks.core.launch import LAUNCH_ID_ENV, is_main_process, job_spec, rebuild_job
 from grpo_pipeline.tasks.core.publish import (
     hand_over,
@@ -51,6 +51,8 @@ from grpo_pipeline.tasks.training.checkpoint_mirror import MIRROR_ENV
 # the project's own settings, the hub's cache and credentials.
 FORWARDED_PREFIXES = ("MLFLOW_", "GRPO_PIPELINE_", "HF_", "OMP_NUM_THREADS")
 _connecting = threading.Lock()
+_published: dict[tuple[str, str, str], Ref] = {}  # (MLflow store, path, fingerprint) -> the Ref with its uri
+_publishing = threading.Lock()
 
 
 def ray_launch(fn: Callable[..., Checkpoint], params: dict[str, Any], ctx: RunContext) -> Checkpoint:
@@ -94,10 +96,15 @@ def ray_launch(fn: Callable[..., Checkpoint], params: dict[str, Any], ctx: RunCo
 
 
 def shared_inputs(params: dict[str, Any], ctx: RunContext, label: str) -> dict[str, Any]:
-    """The stage's arguments with every input published to MLflow (a `uri` each) and the run directory absolute, so
-    that a worker on any machine finds them."""
-    published = dict(zip(map(id, refs := refs_in(params)), share_refs(list(refs), ctx, label), strict=True))
-    shared = replace_refs(params, lambda ref: published.get(id(ref)) or ref)
+    """The stage's arguments with every input given a `uri` in MLflow, each published once per process and store
+    (a model's evaluation suites, sent at once, share its policy), and the run directory absolute, so that a worker
+    on any machine finds them."""
+    store = tracking_uri(ctx.run_dir)
+    with _publishing:
+        pending = [r for r in refs_in(params) if (store, r.path, r.fingerprint) not in _published]
+        for ref, shared in zip(pending, share_refs(pending, ctx, label), strict=True):
+            _published[(store, ref.path, ref.fingerprint)] = shared
+    shared = replace_refs(params, lambda ref: _published[(store, ref.path, ref.fingerprint)])
     absolute = ctx.model_copy(update={"run_dir": str(Path(ctx.run_dir).resolve())})
     if "ctx" in shared:
         return {**shared, "ctx": absolute}

@@ -18,24 +18,19 @@ import functools
 import inspect
 import json
 import os
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from grpo_pipeline.tasks.core.common import Ref, logger
+from grpo_pipeline.tasks.core.common import logger
 from grpo_pipeline.tasks.core.launch import job_spec, rebuild_job
-from grpo_pipeline.tasks.core.publish import materialize, refs_in, replace_refs, share_refs
+from grpo_pipeline.tasks.core.publish import materialize, replace_refs
 from grpo_pipeline.tasks.core.stage import RunContext, context_of
-from grpo_pipeline.tasks.core.tracking import tracking_uri
 
 R = TypeVar("R")
 IN_TASK_ENV = "GRPO_PIPELINE_IN_RAY_TASK"  # set inside the task: the stage runs there, never sends itself again
 PLACEMENT_FILE = "placement.json"
-
-_published: dict[tuple[str, str, str], Ref] = {}  # (MLflow store, path, fingerprint) -> the Ref with its uri
-_publishing = threading.Lock()  # the suites of one model are sent at once: their common policy is published once
 
 
 def on_cluster(localize: Callable[[R, dict[str, Any]], R] = lambda result, params: result) -> Callable:
@@ -59,10 +54,10 @@ def ray_task(fn: Callable[..., R], params: dict[str, Any], ctx: RunContext) -> R
     """Run the stage `fn` as one Ray task and write the files it made into `params["out"]` here."""
     import ray
 
-    from grpo_pipeline.tasks.core.ray_launch import connect, where, worker_env
+    from grpo_pipeline.tasks.core.ray_launch import connect, shared_inputs, where, worker_env
 
     out = Path(params["out"]).resolve()
-    inputs = published_inputs({k: v for k, v in params.items() if k != "out"}, ctx, out.parent.name)
+    inputs = shared_inputs({k: v for k, v in params.items() if k != "out"}, ctx, out.parent.name)
     job = {**job_spec(fn, inputs), "out": str(out)}
     connect(ctx)
     resources = dict(ctx.resources_per_worker or {"CPU": 1.0})
@@ -84,16 +79,6 @@ def ray_task(fn: Callable[..., R], params: dict[str, Any], ctx: RunContext) -> R
     placement = json.loads(files[PLACEMENT_FILE])
     logger.info("%s: ran on node %s in %.1f s", out.parent.name, placement["node"][:12], placement["seconds"])
     return result
-
-
-def published_inputs(params: dict[str, Any], ctx: RunContext, label: str) -> dict[str, Any]:
-    """The stage's arguments with every input given a `uri` in MLflow, each published once per process and store."""
-    store = tracking_uri(ctx.run_dir)
-    with _publishing:
-        pending = [r for r in refs_in(params) if (store, r.path, r.fingerprint) not in _published]
-        for ref, shared in zip(pending, share_refs(list(pending), ctx, label), strict=True):
-            _published[(store, ref.path, ref.fingerprint)] = shared
-    return replace_refs(params, lambda ref: _published[(store, ref.path, ref.fingerprint)])
 
 
 def run_task(job: dict[str, Any]) -> tuple[Any, dict[str, bytes]]:
