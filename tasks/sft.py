@@ -64,26 +64,15 @@ def sft_warmup(
     `tools` (eval.tools) or `environment` (eval.environment) each probe completion is an episode of at most
     `max_tool_turns` calls, as evaluation runs it: an SFT that learned to call is measured with the tool's results,
     not cut at its first call."""
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
 
     dataset = load_split(train.require(), ["prompt", "completion"])
 
     def build(common: dict[str, Any], tokenizer: PreTrainedTokenizerBase) -> SFTTrainer:
-        args = SFTConfig(
-            **common,
-            num_train_epochs=cfg.epochs,
-            max_steps=cfg.max_steps,
-            learning_rate=cfg.learning_rate,
-            lr_scheduler_type="cosine",
-            warmup_steps=cfg.warmup_ratio,  # TRL/transformers 5 read a float below 1 as a fraction of the steps
-            weight_decay=cfg.weight_decay,
-            per_device_train_batch_size=cfg.batch_size // ctx.num_processes,  # the batch stays global
-            logging_steps=10,
-        )
         train_dataset = conversational_dataset(dataset, tokenizer, base.path)
         return SFTTrainer(
             model=base.path,
-            args=args,
+            args=sft_args(cfg, common, ctx.num_processes),
             train_dataset=train_dataset,
             processing_class=tokenizer,
             callbacks=bar_probe(
@@ -107,6 +96,24 @@ def sft_warmup(
         meta={"notes": notes},
     )
     return policy.model_copy(update={"notes": tuple(notes)})
+
+
+def sft_args(cfg: SFTStageConfig, common: dict[str, Any], num_processes: int) -> Any:
+    """TRL's SFTConfig for the stage: `common` (the arguments SFT and GRPO share: output folder, seed, precision,
+    checkpoints) and the recipe's schedule, with the batch kept global over `num_processes`."""
+    from trl import SFTConfig
+
+    return SFTConfig(
+        **common,
+        num_train_epochs=cfg.epochs,
+        max_steps=cfg.max_steps,
+        learning_rate=cfg.learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=cfg.warmup_ratio,  # TRL/transformers 5 read a float below 1 as a fraction of the steps
+        weight_decay=cfg.weight_decay,
+        per_device_train_batch_size=cfg.batch_size // num_processes,  # the batch stays global
+        logging_steps=10,
+    )
 
 
 def bar_probe(

@@ -54,7 +54,6 @@ def model_card(
     gets a Tools section: which, how to give them to it (`text_calls`: the text call protocol of a model whose chat
     template cannot carry tool calls), and how it used them on every suite."""
     recipe = tags.get("recipe", "?")
-    gating_note = f" on `{result.suite}` (the gating suite)" if suites and len(suites) > 1 else ""
     lines = [
         f"# {cfg.model_name}: the {policy.stage} policy of recipe `{recipe}`",
         "",
@@ -68,15 +67,7 @@ def model_card(
         *([f"- {tags['decontam.line']}"] if tags.get("decontam.line") else []),
         "",
         *training_lines(policy, tags),
-        f"## Evaluation{gating_note} (n={result.n_samples}, temperature {result.temperature}, top_p {result.top_p}, "
-        f"max new tokens {result.max_new_tokens}, seed {result.seed}; correct means "
-        f"`{result.config.correctness_reward.name}` gives 1.0, reward code `{result.scorer_version or '?'}`)",
-        "",
-        *generation_lines(result.generation),
-        *score_table(result, baseline),
-        "",
-        result.unscored_line()
-        or f"Every completion was scored by the correctness reward `{result.config.correctness_reward.name}`.",
+        *evaluation_lines(result, baseline, suites or {}),
         *other_suite_lines(result, suites or {}, baselines or {}),
         *tool_lines(config_yaml, text_calls, {result.suite: result, **(suites or {})}, baselines or {}),
     ]
@@ -97,6 +88,22 @@ def model_card(
         "```",
     ]
     return "\n".join(lines) + "\n"
+
+
+def evaluation_lines(result: EvalResult, baseline: EvalResult | None, suites: dict[str, EvalResult]) -> list[str]:
+    """The gating suite's section: how it was scored and generated, and its scores beside the baseline's."""
+    gating_note = f" on `{result.suite}` (the gating suite)" if len(suites) > 1 else ""
+    correct = result.config.correctness_reward.name
+    return [
+        f"## Evaluation{gating_note} (n={result.n_samples}, temperature {result.temperature}, top_p {result.top_p}, "
+        f"max new tokens {result.max_new_tokens}, seed {result.seed}; correct means "
+        f"`{correct}` gives 1.0, reward code `{result.scorer_version or '?'}`)",
+        "",
+        *generation_lines(result.generation),
+        *score_table(result, baseline),
+        "",
+        result.unscored_line() or f"Every completion was scored by the correctness reward `{correct}`.",
+    ]
 
 
 def other_suite_lines(gating: EvalResult, suites: dict[str, EvalResult], baselines: dict[str, EvalResult]) -> list[str]:
