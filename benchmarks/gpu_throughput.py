@@ -225,11 +225,32 @@ class _DevicePeak:
         return (self.peak - self.base) / GIB
 
 
+def step_timer() -> Any:
+    """A trainer callback that records each optimizer step's seconds in `.seconds`, the GPU synchronised at both
+    ends so that a step's queued kernels count in it."""
+    import torch
+    from transformers import TrainerCallback
+
+    class StepTimes(TrainerCallback):
+        def __init__(self) -> None:
+            self.seconds: list[float] = []
+
+        def on_step_begin(self, *_: Any, **__: Any) -> None:
+            torch.cuda.synchronize()
+            self._start = time.perf_counter()
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            torch.cuda.synchronize()
+            self.seconds.append(time.perf_counter() - self._start)
+
+    return StepTimes()
+
+
 def part_grpo(model_dir: Path, args: argparse.Namespace) -> dict[str, float]:
     """Seconds per GRPO optimizer step and peak memory, with the pipeline's own mapping onto TRL's GRPOConfig."""
     import torch
     from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
     from grpo_pipeline.configs.schema import GRPOStageConfig, ModelConfig
@@ -252,18 +273,6 @@ def part_grpo(model_dir: Path, args: argparse.Namespace) -> dict[str, float]:
         """A random reward: groups need a spread for a non-zero advantage; its values do not change the cost."""
         return [rng.random() for _ in completions]
 
-    class StepTimes(TrainerCallback):
-        def __init__(self) -> None:
-            self.seconds: list[float] = []
-
-        def on_step_begin(self, *_: Any, **__: Any) -> None:
-            torch.cuda.synchronize()
-            self._start = time.perf_counter()
-
-        def on_step_end(self, *_: Any, **__: Any) -> None:
-            torch.cuda.synchronize()
-            self.seconds.append(time.perf_counter() - self._start)
-
     with tempfile.TemporaryDirectory() as scratch:
         common = {
             "output_dir": scratch,
@@ -276,7 +285,7 @@ def part_grpo(model_dir: Path, args: argparse.Namespace) -> dict[str, float]:
         dataset = Dataset.from_dict(
             {"prompt": random_prompts(args.prompts_per_step * args.steps, args.prompt_tokens, 2)}
         )
-        times = StepTimes()
+        times = step_timer()
         torch.cuda.reset_peak_memory_stats()
         with _DevicePeak() as device:
             trainer = GRPOTrainer(
