@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from grpo_pipeline.configs.schema import load_config  # noqa: E402
+from grpo_pipeline.configs.schema import PipelineConfig, load_config  # noqa: E402
 from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE  # noqa: E402
 from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci  # noqa: E402
 from grpo_pipeline.tasks.sources.synthetic import function_family, needs_carry  # noqa: E402
@@ -171,7 +171,7 @@ def sweep(args: argparse.Namespace, run_dir: Path) -> None:
     print(report(rows))
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=REPO / "configs" / "tiny-arith.yaml")
     parser.add_argument("--run-dir", type=Path, default=None, help="Run directory (default: a fresh one under runs/).")
@@ -186,8 +186,78 @@ def main() -> None:
     )
     parser.add_argument("--plot", type=Path, help="With --seeds: draw accuracy per stage per seed to this PNG.")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides passed to the pipeline.")
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def print_scores(summary: dict, last: str, before: list[bool], after: list[bool], ci: tuple[float, ...]) -> None:
+    """Each model's accuracy and pass@k, the last round against SFT, and what each round added."""
+    diff, low, high = ci
+    for row in summary["scores"]:
+        m = row["metrics"]
+        passk = ", ".join(f"{k.replace('_at_', '@')} {v:.3f}" for k, v in m.items() if k.startswith("pass"))
+        print(f"  {row['model']:<14} accuracy {m['accuracy']:.3f}   {passk}")
+    pairs = list(zip(after, before, strict=True))
+    print(
+        f"  GRPO ({last}) - SFT: {100 * diff:+.1f} points, paired bootstrap 95% CI "
+        f"[{100 * low:+.1f}, {100 * high:+.1f}] (10,000 resamples); "
+        f"{sum(a > b for a, b in pairs)} problems fixed, {sum(a < b for a, b in pairs)} broken"
+    )
+    for prev, row in zip(summary["rounds"], summary["rounds"][1:], strict=False):  # what each round added
+        d, (lo, hi) = row["change"], row["change_ci"]
+        print(f"  {row['model']} - {prev['model']}: {100 * d:+.1f} points, 95% CI [{100 * lo:+.1f}, {100 * hi:+.1f}]")
+    if summary.get("stopped"):
+        print(f"  rounds: {summary['stopped']}")
+
+
+def print_breakdown(sft: dict, before: list[bool], after: list[bool]) -> None:
+    """Where the gain came from: problems with and without a carry (addition), or each function family (code)."""
+    groups: dict[str, list[int]] = {}
+    carry = [needs_carry(p) for p in sft["prompts"]]
+    families = [function_family(a) for a in sft["answers"]]
+    if None not in carry:  # the synthetic addition task
+        for label, keep in (("needing a carry", True), ("without a carry", False)):
+            groups[f"problems {label}"] = [i for i, c in enumerate(carry) if c == keep]
+    elif None not in families:  # the synthetic functions task
+        for family in sorted(set(families)):
+            groups[f"family {family:<9}"] = [i for i, f in enumerate(families) if f == family]
+    for label, idx in groups.items():
+        if idx:
+            print(
+                f"  {label} (n={len(idx)}): SFT {sum(before[i] for i in idx) / len(idx):.3f} -> "
+                f"GRPO {sum(after[i] for i in idx) / len(idx):.3f}"
+            )
+
+
+def print_training(run_dir: Path, cfg: PipelineConfig, summary: dict, n: int) -> None:
+    """Per registered round: the sandbox's share of its time (code rewards), its sampled-reward and probe curves."""
+    reward_names = [r.name for r in cfg.grpo.rewards]
+    for reg in summary["registrations"]:
+        c = curves(run_dir, reg["run_id"], cfg.eval.correctness_reward.name)
+        share = sandbox_share(run_dir, reg["run_id"], reward_names)
+        if share is not None:
+            reward_s, train_s, steps = share
+            per_step = f", {1000 * reward_s / steps:.0f} of {1000 * train_s / steps:.0f} ms per step" if steps else ""
+            print(
+                f"  sandbox share of GRPO wall time (model version {reg['version']}): {100 * reward_s / train_s:.1f}% "
+                f"(code reward {reward_s:.1f} s of {train_s:.1f} s training{per_step})"
+            )
+        r, acc, zero = c["reward"], c[f"rewards/{cfg.eval.correctness_reward.name}/mean"], c["frac_reward_zero_std"]
+        probe = c["probe/greedy_accuracy"]
+        print(
+            f"  sampled reward (model version {reg['version']}): {_mean_of(r, True):.3f} -> {_mean_of(r, False):.3f} "
+            f"(mean of first/last 3 logs, steps {r[0][0] if r else '-'}..{r[-1][0] if r else '-'}); "
+            f"sampled accuracy {_mean_of(acc, True):.3f} -> {_mean_of(acc, False):.3f}; "
+            f"groups with zero reward std {_mean_of(zero, True):.2f} -> {_mean_of(zero, False):.2f}"
+        )
+        if probe:
+            print(
+                f"  held-out probe ({min(cfg.grpo.probe_problems, n)} problems, greedy, by step): "
+                + " ".join(f"{s}:{v:.2f}" for s, v in probe)
+            )
+
+
+def main() -> None:
+    args = parse_args()
     run_dir = args.run_dir or REPO / "runs" / f"benchmark-learning-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.seeds:
         sweep(args, run_dir)
@@ -215,62 +285,9 @@ def main() -> None:
         f"recipe {cfg.name} ({args.config.name}), held-out problems n={n}, greedy decoding, "
         f"pass@k with n={cfg.eval.n_samples} samples at T={cfg.eval.temperature}"
     )
-    for row in summary["scores"]:
-        m = row["metrics"]
-        passk = ", ".join(f"{k.replace('_at_', '@')} {v:.3f}" for k, v in m.items() if k.startswith("pass"))
-        print(f"  {row['model']:<14} accuracy {m['accuracy']:.3f}   {passk}")
-    pairs = list(zip(after, before, strict=True))
-    print(
-        f"  GRPO ({last}) - SFT: {100 * diff:+.1f} points, paired bootstrap 95% CI "
-        f"[{100 * low:+.1f}, {100 * high:+.1f}] (10,000 resamples); "
-        f"{sum(a > b for a, b in pairs)} problems fixed, {sum(a < b for a, b in pairs)} broken"
-    )
-    for prev, row in zip(summary["rounds"], summary["rounds"][1:], strict=False):  # what each round added
-        d, (lo, hi) = row["change"], row["change_ci"]
-        print(f"  {row['model']} - {prev['model']}: {100 * d:+.1f} points, 95% CI [{100 * lo:+.1f}, {100 * hi:+.1f}]")
-    if summary.get("stopped"):
-        print(f"  rounds: {summary['stopped']}")
-    carry = [needs_carry(p) for p in sft["prompts"]]
-    if None not in carry:  # the synthetic addition task: where did the gain come from?
-        for label, keep in (("needing a carry", True), ("without a carry", False)):
-            idx = [i for i, c in enumerate(carry) if c == keep]
-            if idx:
-                print(
-                    f"  problems {label} (n={len(idx)}): SFT {sum(before[i] for i in idx) / len(idx):.3f} -> "
-                    f"GRPO {sum(after[i] for i in idx) / len(idx):.3f}"
-                )
-    families = [function_family(a) for a in sft["answers"]]
-    if None not in families:  # the synthetic functions task: which families did GRPO fix?
-        for family in sorted(set(families)):
-            idx = [i for i, f in enumerate(families) if f == family]
-            print(
-                f"  family {family:<9} (n={len(idx)}): SFT {sum(before[i] for i in idx) / len(idx):.3f} -> "
-                f"GRPO {sum(after[i] for i in idx) / len(idx):.3f}"
-            )
-    reward_names = [r.name for r in cfg.grpo.rewards]
-    for reg in summary["registrations"]:
-        c = curves(run_dir, reg["run_id"], cfg.eval.correctness_reward.name)
-        share = sandbox_share(run_dir, reg["run_id"], reward_names)
-        if share is not None:
-            reward_s, train_s, steps = share
-            per_step = f", {1000 * reward_s / steps:.0f} of {1000 * train_s / steps:.0f} ms per step" if steps else ""
-            print(
-                f"  sandbox share of GRPO wall time (model version {reg['version']}): {100 * reward_s / train_s:.1f}% "
-                f"(code reward {reward_s:.1f} s of {train_s:.1f} s training{per_step})"
-            )
-        r, acc, zero = c["reward"], c[f"rewards/{cfg.eval.correctness_reward.name}/mean"], c["frac_reward_zero_std"]
-        probe = c["probe/greedy_accuracy"]
-        print(
-            f"  sampled reward (model version {reg['version']}): {_mean_of(r, True):.3f} -> {_mean_of(r, False):.3f} "
-            f"(mean of first/last 3 logs, steps {r[0][0] if r else '-'}..{r[-1][0] if r else '-'}); "
-            f"sampled accuracy {_mean_of(acc, True):.3f} -> {_mean_of(acc, False):.3f}; "
-            f"groups with zero reward std {_mean_of(zero, True):.2f} -> {_mean_of(zero, False):.2f}"
-        )
-        if probe:
-            print(
-                f"  held-out probe ({min(cfg.grpo.probe_problems, n)} problems, greedy, by step): "
-                + " ".join(f"{s}:{v:.2f}" for s, v in probe)
-            )
+    print_scores(summary, last, before, after, (diff, low, high))
+    print_breakdown(sft, before, after)
+    print_training(run_dir, cfg, summary, n)
     print("  wall time per stage:")
     for s in summary["stages"]:
         print(f"    {s['stage']:<16} {s['seconds']:7.1f} s{'  (cached)' if s['cached'] else ''}")
