@@ -66,6 +66,25 @@ def tiny_qwen2(tmp_path_factory) -> Path:
     return builder.build_qwen2(tmp_path_factory.mktemp("qwen2") / "model", shape, seed=0, dtype="bfloat16")
 
 
+# A few bf16 GRPO steps with vLLM rollouts and a reward that sees every digit (train_and_report's run)
+GRPO_ON_GPU = [
+    "model.dtype=bfloat16",
+    "sft.enabled=false",
+    "data.num_train=64",
+    "data.num_eval=8",
+    f"grpo.steps_per_round={STEPS}",
+    "grpo.prompts_per_step=4",
+    "grpo.generations_per_prompt=4",
+    "grpo.max_completion_tokens=8",
+    "grpo.learning_rate=1e-3",
+    "grpo.log_every_steps=1",
+    "grpo.probe_problems=0",
+    "grpo.save_every_steps=0",
+    "grpo.use_vllm=true",
+    "grpo.rewards=[{name: 'tests.test_gpu:digit_share'}]",
+]
+
+
 def train_and_report(model_dir: str, run_dir: str, overrides: list[str], report: str) -> None:
     """A few GRPO steps of the pipeline's stage on `model_dir`; writes what the test checks to `report` (JSON).
     Runs in a child process (see the module docstring)."""
@@ -80,28 +99,7 @@ def train_and_report(model_dir: str, run_dir: str, overrides: list[str], report:
     from grpo_pipeline.tasks.grpo import GRPORound, grpo_train
     from grpo_pipeline.tasks.model import prepare_base_model
 
-    cfg = load_config(
-        None,
-        [
-            f"run_dir={run_dir}",
-            f"model.base={model_dir}",
-            "model.dtype=bfloat16",
-            "sft.enabled=false",
-            "data.num_train=64",
-            "data.num_eval=8",
-            f"grpo.steps_per_round={STEPS}",
-            "grpo.prompts_per_step=4",
-            "grpo.generations_per_prompt=4",
-            "grpo.max_completion_tokens=8",
-            "grpo.learning_rate=1e-3",
-            "grpo.log_every_steps=1",
-            "grpo.probe_problems=0",
-            "grpo.save_every_steps=0",
-            "grpo.use_vllm=true",
-            "grpo.rewards=[{name: 'tests.test_gpu:digit_share'}]",
-            *overrides,
-        ],
-    )
+    cfg = load_config(None, [f"run_dir={run_dir}", f"model.base={model_dir}", *GRPO_ON_GPU, *overrides])
     setup(cfg)
     data = prepare_data(cfg.data, cfg.run_dir)
     base = prepare_base_model(cfg.model, cfg.run_dir, cfg.seed)

@@ -22,6 +22,7 @@ from pathlib import Path
 import mlflow
 import pytest
 from mlflow import MlflowClient
+from mlflow.entities.model_registry import ModelVersion
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_pipeline.tasks.scoring.generation import generate
@@ -131,6 +132,27 @@ def test_cold_run_trains_evaluates_and_registers(micro_run: MicroRun):
     # version 1 as the registry holds it (a rerun on this store may since have moved the champion alias on)
     client = client_for(store)
     version = client.get_model_version(MODEL_NAME, "1")
+    check_version_tags_and_card(version, summary)
+    run = client.get_run(version.run_id)
+    assert run.info.run_id == reg["run_id"]
+    assert run.data.tags["stage"] == "grpo"
+    assert {"eval/accuracy", "eval/pass_at_4", "eval/maj_at_4", "eval/reward/correctness"} <= set(run.data.metrics)
+    assert run.data.params["eval_n_samples"] == "4" and run.data.params["eval_seed"] == "0"
+    # TRL reported per-step training metrics to the same run
+    assert len(client.get_metric_history(run.info.run_id, "reward")) == 2
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "eval")}
+    assert {"eval/items.jsonl", "eval/completions.json"} <= artifacts
+    check_registered_model_generates_as_checkpoint(micro_run.grpo_checkpoint)
+    config_text = Path(
+        mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="config.yaml")
+    ).read_text()
+    assert "steps_per_round: 2" in config_text
+    check_summary_artifact(store)
+
+
+def check_version_tags_and_card(version: ModelVersion, summary: dict) -> None:
+    """The registered version's lineage tags, objective, precision, rollout engine and SFT warning, in its tags and
+    its model card."""
     tags = version.tags
     for tag in (
         "config_hash",
@@ -154,37 +176,29 @@ def test_cold_run_trains_evaluates_and_registers(micro_run: MicroRun):
     assert summary["sft_warning"].startswith("SFT has not learned its data: the SFT policy's greedy held-out")
     assert tags["sft_warning"] == summary["sft_warning"]
     assert f"## Training notes\n- **Warning**: {summary['sft_warning']}." in version.description  # the card
-    run = client.get_run(version.run_id)
-    assert run.info.run_id == reg["run_id"]
-    assert run.data.tags["stage"] == "grpo"
-    assert {"eval/accuracy", "eval/pass_at_4", "eval/maj_at_4", "eval/reward/correctness"} <= set(run.data.metrics)
-    assert run.data.params["eval_n_samples"] == "4" and run.data.params["eval_seed"] == "0"
-    # TRL reported per-step training metrics to the same run
-    assert len(client.get_metric_history(run.info.run_id, "reward")) == 2
-    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "eval")}
-    assert {"eval/items.jsonl", "eval/completions.json"} <= artifacts
-    # the registered version is an MLflow transformers model: loaded through MLflow, it generates what the
-    # checkpoint on disk generates
+
+
+def check_registered_model_generates_as_checkpoint(checkpoint: Path) -> None:
+    """The registered version is an MLflow transformers model: loaded through MLflow, it generates what the
+    checkpoint on disk generates."""
     generator = mlflow.transformers.load_model(f"models:/{MODEL_NAME}/1")
     prompts = ["12+34=", "7+80=", "99+1="]
     loaded = [generator(p, max_new_tokens=4, do_sample=False)[0]["generated_text"] for p in prompts]
-    tokenizer = AutoTokenizer.from_pretrained(micro_run.grpo_checkpoint)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     tokenizer.padding_side = "left"
     direct = generate(
-        AutoModelForCausalLM.from_pretrained(micro_run.grpo_checkpoint),
+        AutoModelForCausalLM.from_pretrained(checkpoint),
         tokenizer,
         prompts,
         max_new_tokens=4,
         batch_size=1,
     )
     assert loaded == [p + c[0] for p, c in zip(prompts, direct, strict=True)]
-    config_text = Path(
-        mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="config.yaml")
-    ).read_text()
-    assert "steps_per_round: 2" in config_text
 
-    # the summary table is also a Prefect markdown artifact of the run's flow run, the store's first (read from the
-    # local server's database)
+
+def check_summary_artifact(store: Path) -> None:
+    """The summary table is also a Prefect markdown artifact of the run's flow run, the store's first (read from the
+    local server's database)."""
     with sqlite3.connect(store / "prefect-home" / "prefect.db") as db:
         artifacts = db.execute(
             "select a.type, a.data from artifact a where a.key = 'grpo-pipeline-summary' and a.flow_run_id = "

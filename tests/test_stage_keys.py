@@ -50,18 +50,14 @@ def stage_keys(overrides: list[str], run_dir: str = "/tmp/runs") -> dict[str, st
     key("validate", validate_data, data, cfg.data)
     base = Checkpoint(path="base", fingerprint=key("base", prepare_base_model, cfg.model, cfg.run_dir, cfg.seed))
     sft = Checkpoint(path="sft", fingerprint=key("sft", sft_warmup, base, data.train, cfg.sft, cfg.model, ctx))
-    baseline = fake_result(
-        key(
-            "eval-sft",
-            evaluate,
-            sft,
-            data.eval,
-            cfg.eval.for_suite(HELDOUT),
-            ctx,
-            label="sft",
-            rewards=cfg.grpo.rewards,
+
+    def evaluated(label: str, policy: Checkpoint) -> EvalResult:
+        suite = cfg.eval.for_suite(HELDOUT)
+        return fake_result(
+            key(f"eval-{label}", evaluate, policy, data.eval, suite, ctx, label=label, rewards=cfg.grpo.rewards)
         )
-    )
+
+    baseline = evaluated("sft", sft)
     policy = Checkpoint(
         path="r1",
         fingerprint=key(
@@ -80,18 +76,7 @@ def stage_keys(overrides: list[str], run_dir: str = "/tmp/runs") -> dict[str, st
         ),
         run_id="run",
     )
-    result = fake_result(
-        key(
-            "eval-r1",
-            evaluate,
-            policy,
-            data.eval,
-            cfg.eval.for_suite(HELDOUT),
-            ctx,
-            label="r1",
-            rewards=cfg.grpo.rewards,
-        )
-    )
+    result = evaluated("r1", policy)
     key("register-r1", register_policy, policy, result, baseline, cfg.registry, ctx, cfg.to_yaml(), {"t": cfg.name})
     return keys
 
