@@ -26,6 +26,7 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -98,6 +99,7 @@ def details(run_dir: Path, label: str) -> dict:
         "prompts": [it["prompt"] for it in items],
         "answers": [str(it["answer"]) for it in items],
         "greedy_correct": [it["greedy_correct"] for it in items],
+        "greedy": [str(it["greedy"]).strip() for it in items],
     }
 
 
@@ -209,14 +211,17 @@ def print_scores(summary: dict, last: str, before: list[bool], after: list[bool]
         print(f"  rounds: {summary['stopped']}")
 
 
-def print_breakdown(sft: dict, before: list[bool], after: list[bool]) -> None:
+def print_breakdown(sft: dict, grpo: dict) -> None:
     """Where the gain came from: problems with and without a carry (addition), or each function family (code)."""
+    before, after = sft["greedy_correct"], grpo["greedy_correct"]
     groups: dict[str, list[int]] = {}
     carry = [needs_carry(p) for p in sft["prompts"]]
     families = [function_family(a) for a in sft["answers"]]
     if None not in carry:  # the synthetic addition task
         for label, keep in (("needing a carry", True), ("without a carry", False)):
             groups[f"problems {label}"] = [i for i, c in enumerate(carry) if c == keep]
+        for label, model in (("SFT", sft), ("GRPO", grpo)):
+            print(f"  {label}'s wrong greedy answers: {wrong_by_offset(model)}")
     elif None not in families:  # the synthetic functions task
         for family in sorted(set(families)):
             groups[f"family {family:<9}"] = [i for i, f in enumerate(families) if f == family]
@@ -226,6 +231,17 @@ def print_breakdown(sft: dict, before: list[bool], after: list[bool]) -> None:
                 f"  {label} (n={len(idx)}): SFT {sum(before[i] for i in idx) / len(idx):.3f} -> "
                 f"GRPO {sum(after[i] for i in idx) / len(idx):.3f}"
             )
+
+
+def wrong_by_offset(model: dict) -> str:
+    """The wrong greedy answers of an addition eval counted by how far they are from the sum: -10 is a carry into
+    the tens dropped, +10 one added where none belongs; 'other' covers every other offset and non-numbers."""
+    offsets: Counter[str] = Counter()
+    for answer, greedy, ok in zip(model["answers"], model["greedy"], model["greedy_correct"], strict=True):
+        if not ok:
+            offset = int(greedy) - int(answer) if greedy.lstrip("-").isdigit() else None
+            offsets[f"{offset:+d}" if offset in (-10, 10, -1, 1) else "other"] += 1
+    return ", ".join(f"{n} off by {k}" if k != "other" else f"{n} other" for k, n in offsets.most_common()) or "none"
 
 
 def print_training(run_dir: Path, cfg: PipelineConfig, summary: dict, n: int) -> None:
@@ -286,7 +302,7 @@ def main() -> None:
         f"pass@k with n={cfg.eval.n_samples} samples at T={cfg.eval.temperature}"
     )
     print_scores(summary, last, before, after, (diff, low, high))
-    print_breakdown(sft, before, after)
+    print_breakdown(sft, grpo)
     print_training(run_dir, cfg, summary, n)
     print("  wall time per stage:")
     for s in summary["stages"]:
