@@ -39,6 +39,7 @@ from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci  # noqa: E40
 from grpo_pipeline.tasks.sources.synthetic import function_family, needs_carry  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
+from carry_errors import offset_label  # noqa: E402
 from fanout import Runner, run_command  # noqa: E402
 from seeds import parse_seeds, plot, report, run_seeds  # noqa: E402
 
@@ -236,11 +237,11 @@ def print_breakdown(sft: dict, grpo: dict) -> None:
 def wrong_by_offset(model: dict) -> str:
     """The wrong greedy answers of an addition eval counted by how far they are from the sum: -10 is a carry into
     the tens dropped, +10 one added where none belongs; 'other' covers every other offset and non-numbers."""
-    offsets: Counter[str] = Counter()
-    for answer, greedy, ok in zip(model["answers"], model["greedy"], model["greedy_correct"], strict=True):
-        if not ok:
-            offset = int(greedy) - int(answer) if greedy.lstrip("-").isdigit() else None
-            offsets[f"{offset:+d}" if offset in (-10, 10, -1, 1) else "other"] += 1
+    offsets = Counter(
+        offset_label(greedy, int(answer))
+        for answer, greedy, ok in zip(model["answers"], model["greedy"], model["greedy_correct"], strict=True)
+        if not ok
+    )
     return ", ".join(f"{n} off by {k}" if k != "other" else f"{n} other" for k, n in offsets.most_common()) or "none"
 
 
