@@ -4,6 +4,9 @@ Runs the default recipe end to end exactly as `make run` does (`grpo-pipeline ru
 nothing comes from the cache), then prints:
   - held-out greedy accuracy of the SFT checkpoint and of the last GRPO round (and pass@k),
   - their difference in points with a paired bootstrap 95% CI over the same problems,
+  - where the gain came from: problems with and without a carry, and the wrong greedy answers by their offset
+    from the sum (addition; benchmarks/carry_errors.py does the same over all 8100 sums), or each function
+    family (code),
   - the sampled-reward curve of each GRPO round (first and last logged steps) and the held-out probe,
   - for a recipe with code rewards (configs/tiny-code.yaml), the share of GRPO wall time spent in the sandbox
     (the code reward's own time, as TRL profiles it, over the round's training time),
