@@ -29,8 +29,8 @@ PROBLEMS = [(a, b) for a in range(10, 100) for b in range(10, 100)]
 
 
 def offset_label(answer: str, total: int) -> str:
-    """A wrong answer's offset from the sum when it is one digit off by one (-10: a carry into the tens dropped, +10:
-    one added where none belongs, -1/+1: the units digit), else 'other' (any other offset, or not a number)."""
+    """A wrong answer's offset from the sum when it is 10 or 1 either way (-10: a carry into the tens dropped, +10:
+    one added where none belongs, -1/+1: the units digit one off), else 'other' (any other offset, or not a number)."""
     offset = int(answer) - total if answer.lstrip("-").isdigit() else None
     return f"{offset:+d}" if offset in (-10, 10, -1, 1) else "other"
 
