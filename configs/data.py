@@ -35,6 +35,12 @@ class SyntheticTaskConfig(Section):
         "SFT completion forgets it (47+38= -> 75 instead of 85). Only the SFT target changes; the answer that "
         "rewards and evaluation check is always right. 0 = a perfect teacher.",
     )
+    teacher_slip_carries: Literal["units", "all"] = Field(
+        default="units",
+        description="Which carries the imperfect teacher (teacher_carry_slip) forgets: 'units', the carry out of the "
+        "units digit (47+38= -> 75); 'all', every carry, adding column by column mod 10 (75+48= -> 13), on the "
+        "problems that need any.",
+    )
     units_drill: int = Field(
         default=0,
         ge=0,

@@ -83,7 +83,7 @@ def prepare_data(cfg: DataConfig, run_dir: str, out: Path) -> DatasetRefs:
     else:
         train, held_out, probe = split_train_eval(df, cfg.num_train, cfg.num_eval, cfg.seed, cfg.num_probe)
     if cfg.source == "synthetic":
-        train = slip_carries(train, cfg.synthetic.teacher_carry_slip, cfg.seed)
+        train = slip_carries(train, cfg.synthetic.teacher_carry_slip, cfg.seed, cfg.synthetic.teacher_slip_carries)
         if cfg.synthetic.kind == "functions":
             train = swap_subtractions(train, cfg.synthetic.teacher_order_slip, cfg.seed)
     if train.empty:

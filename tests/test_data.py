@@ -7,7 +7,7 @@ import pytest
 from grpo_pipeline.configs.schema import DataConfig, load_config
 from grpo_pipeline.tasks.data import prepare_data, split_train_eval
 from grpo_pipeline.tasks.sources import DataError
-from grpo_pipeline.tasks.sources.synthetic import needs_carry, synthetic_arithmetic
+from grpo_pipeline.tasks.sources.synthetic import carry_free_sum, needs_carry, synthetic_arithmetic
 from grpo_pipeline.tasks.validate import DataValidationError, validate_data, validate_frames
 
 
@@ -65,6 +65,27 @@ def test_imperfect_teacher_forgets_carries_in_sft_targets_only(tmp_path):
     perfect = prepare_data(synthetic_cfg(**{"synthetic.min_digits": 2, "num_train": 2000}), str(tmp_path / "c"))
     assert (pd.read_parquet(perfect.train.path)["completion"] == train["answer"]).all()
     validate_data(refs, cfg)
+
+
+def test_a_teacher_that_forgets_every_carry_adds_column_by_column(tmp_path):
+    """`teacher_slip_carries: all`: a slipped target is the carry-free column sum (75+48 -> 13), on problems that
+    need any carry (into the tens or the hundreds) and on no other; the answers stay right."""
+    assert [carry_free_sum(a, b) for a, b in [(75, 48), (51, 50), (47, 38), (41, 38), (72, 41)]] == [13, 1, 75, 79, 13]
+    over = {"synthetic.min_digits": 2, "synthetic.teacher_carry_slip": 0.5, "num_train": 2000}
+    cfg = synthetic_cfg(**over, **{"synthetic.teacher_slip_carries": "all"})
+    train = pd.read_parquet(prepare_data(cfg, str(tmp_path / "a")).train.path)
+    sums = train["prompt"].str.extract(r"(\d+)\+(\d+)=").astype(int)
+    free = [str(carry_free_sum(a, b)) for a, b in zip(sums[0], sums[1], strict=True)]
+    carries = pd.Series(free, index=train.index) != train["answer"]
+    slipped = train["completion"] != train["answer"]
+    assert not slipped[~carries].any() and 0.4 < slipped[carries].mean() < 0.6
+    assert (train.loc[slipped, "completion"] == pd.Series(free, index=train.index)[slipped]).all()
+    assert ((train["answer"].astype(int) >= 100) & slipped).any()  # the hundreds' carry is forgotten too
+    assert_sums_are_right(train)
+    units = pd.read_parquet(prepare_data(synthetic_cfg(**over), str(tmp_path / "b")).train.path)
+    assert (units["completion"] != train["completion"]).any()  # 'units' (the default) is another teacher
+    with pytest.raises(ValueError, match="teacher_slip_carries"):
+        synthetic_cfg(**{"synthetic.teacher_slip_carries": "some"})
 
 
 def test_the_units_drill_is_sfts_alone(tmp_path):

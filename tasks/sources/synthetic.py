@@ -55,19 +55,38 @@ def needs_carry(prompt: str) -> bool | None:
     return int(m.group(1)) % 10 + int(m.group(2)) % 10 >= 10
 
 
-def slip_carries(train: pd.DataFrame, rate: float, seed: int) -> pd.DataFrame:
+def carry_free_sum(a: int, b: int) -> int:
+    """`a + b` added column by column with every carry forgotten: each digit is its column's sum mod 10
+    (75+48 -> 13, 51+50 -> 1)."""
+    total, place = 0, 1
+    while a or b:
+        total += (a % 10 + b % 10) % 10 * place
+        a, b, place = a // 10, b // 10, place * 10
+    return total
+
+
+def slip_carries(train: pd.DataFrame, rate: float, seed: int, carries: str = "units") -> pd.DataFrame:
     """An imperfect teacher's SFT targets: on a `rate` fraction of the '+' problems that need a carry, the
-    completion forgets it (the answer minus 10). `answer` stays right, so rewards and evaluation are unaffected."""
+    completion forgets it. `carries="units"`: the carry out of the units digit (47+38 -> 75, the answer minus 10);
+    `"all"`: every carry, the hundreds' included (75+48 -> 13), on the problems that need any. `answer` stays right,
+    so rewards and evaluation are unaffected."""
     if rate <= 0:
         return train
     rng = random.Random(f"teacher-slip-{seed}")
-    slipped = [
-        str(int(answer) - 10) if needs_carry(prompt) and rng.random() < rate else completion
-        for prompt, answer, completion in zip(train["prompt"], train["answer"], train["completion"], strict=True)
-    ]
-    changed = sum(new != old for new, old in zip(slipped, train["completion"], strict=True))
+
+    def slipped(prompt: str, answer: str, completion: str) -> str:
+        if carries == "units":
+            return str(int(answer) - 10) if needs_carry(prompt) and rng.random() < rate else completion
+        m = _ADDITION.search(prompt)
+        if m is None:  # not an addition
+            return completion
+        forgetful = carry_free_sum(int(m.group(1)), int(m.group(2)))
+        return str(forgetful) if str(forgetful) != answer and rng.random() < rate else completion
+
+    new = [slipped(*row) for row in zip(train["prompt"], train["answer"], train["completion"], strict=True)]
+    changed = sum(n != old for n, old in zip(new, train["completion"], strict=True))
     logger.info("imperfect teacher: %d of %d SFT completions forget a carry", changed, len(train))
-    return train.assign(completion=slipped)
+    return train.assign(completion=new)
 
 
 def units_drill(width: int, copies: int) -> pd.DataFrame:
