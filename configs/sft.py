@@ -23,6 +23,14 @@ class SFTStageConfig(Section):
         "the eval items) reaches this, max_steps being the cap: a warmup whose hard part is learned after a plateau "
         "of seed-dependent length runs as long as that seed needs. None: run to max_steps.",
     )
+    steps_after_bar: int = Field(
+        default=0,
+        ge=0,
+        description="With stop_at_accuracy: go on this many steps after the probe first reaches the bar, then end "
+        "(max_steps still caps it). The bar says the warmup has left its plateau; these steps let it settle into "
+        "what its data teaches instead of stopping in the middle of the jump. After a resume the count starts again "
+        "at the first probe that reaches the bar.",
+    )
     probe_every_steps: int = Field(default=250, ge=1, description="Steps between two probes (with stop_at_accuracy).")
     probe_problems: int = Field(default=128, ge=1, description="Probe-split rows the SFT probe measures.")
     save_every_steps: int = save_every_steps_field(500)

@@ -139,6 +139,7 @@ def bar_probe(
     return [
         module.HeldOutAccuracyProbe(
             rows, tokenizer, cfg.probe_every_steps, probe_tokens, correctness_reward,
-            notes=notes, stop_at=cfg.stop_at_accuracy, tools=module.eval_tool_loop(*tools, tokenizer, environment),
+            notes=notes, stop_at=cfg.stop_at_accuracy, steps_after_bar=cfg.steps_after_bar,
+            tools=module.eval_tool_loop(*tools, tokenizer, environment),
         )
     ]  # fmt: skip

@@ -117,6 +117,7 @@ class HeldOutAccuracyProbe(TrainerCallback):
         patience: int = 0,
         notes: list[str] | None = None,
         stop_at: float | None = None,
+        steps_after_bar: int = 0,
         over_start: bool = False,
         rule: str = "confirm",
         margin: float = 0.0,
@@ -129,7 +130,9 @@ class HeldOutAccuracyProbe(TrainerCallback):
         self.reward = build_spec(correctness)
         self.tools = tools  # a tool-using policy is probed on its episodes (agents/text_tools.py)
         self.keep_best = keep_best
-        self.stop_at = stop_at  # end training at the first probe at or above this accuracy
+        self.stop_at = stop_at  # end training `steps_after_bar` steps after the first probe at or above this accuracy
+        self.steps_after_bar = steps_after_bar
+        self._bar_step: int | None = None
         self.patience = patience
         self.over_start = over_start  # with keep_best: the start stays unless the chosen step beats it (`rule`)
         self.rule = rule
@@ -207,17 +210,23 @@ class HeldOutAccuracyProbe(TrainerCallback):
             if self.keep_best and self.patience and self._since_best >= self.patience:
                 self._early_stop_at = state.global_step
                 control.should_training_stop = True
-            self._stop_at_bar(state, control)
+            if self.stop_at is not None and self._bar_step is None and self.history[-1][1] >= self.stop_at:
+                self._bar_step = state.global_step
+        self._stop_after_bar(state, control)
 
-    def _stop_at_bar(self, state, control) -> None:
-        acc = self.history[-1][1]
-        if self.stop_at is not None and acc >= self.stop_at and state.global_step < state.max_steps:
-            control.should_training_stop = True
-            self.notes.append(
-                f"ended at step {state.global_step} of {state.max_steps}: the probe's greedy accuracy {acc:.3f} "
-                f"reached {self.stop_at}"
-            )
-            logger.info("%s", self.notes[-1])
+    def _stop_after_bar(self, state, control) -> None:
+        step = state.global_step
+        if self._bar_step is None or step < self._bar_step + self.steps_after_bar or step >= state.max_steps:
+            return
+        control.should_training_stop = True
+        reached = next(acc for s, acc in self.history if s == self._bar_step)
+        after = f" at step {self._bar_step}, then {self.steps_after_bar} more steps" if self.steps_after_bar else ""
+        self.notes.append(
+            f"ended at step {step} of {state.max_steps}: the probe's greedy accuracy {reached:.3f} reached "
+            f"{self.stop_at}{after}"
+        )
+        logger.info("%s", self.notes[-1])
+        self._bar_step = None  # one note
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
         step = state.global_step
