@@ -26,10 +26,11 @@ class SFTStageConfig(Section):
     steps_after_bar: int = Field(
         default=0,
         ge=0,
-        description="With stop_at_accuracy: go on this many steps after the probe first reaches the bar, then end "
-        "(max_steps still caps it). The bar says the warmup has left its plateau; these steps let it settle into "
-        "what its data teaches instead of stopping in the middle of the jump. After a resume the count starts again "
-        "at the first probe that reaches the bar.",
+        description="With stop_at_accuracy: go on this many steps after the probe first reaches the bar, the "
+        "learning rate decaying to 0 over them (a cosine on top of the schedule), then end (max_steps still caps "
+        "it). The bar says the warmup has left its plateau; these steps let it settle, annealed, into what its data "
+        "teaches instead of stopping in the middle of the jump. After a resume the count starts again at the first "
+        "probe that reaches the bar.",
     )
     probe_every_steps: int = Field(default=250, ge=1, description="Steps between two probes (with stop_at_accuracy).")
     probe_problems: int = Field(default=128, ge=1, description="Probe-split rows the SFT probe measures.")

@@ -13,6 +13,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pandas as pd
@@ -63,9 +64,10 @@ def probe_callback(rows: int, **kwargs: Any):
 
 
 def run_probe(probe, model: StepModel, max_steps: int, args: Args | None = None, first_step: int = 0,
-              crash_at: int | None = None) -> int:  # fmt: skip
+              crash_at: int | None = None, rates: list[float] | None = None) -> int:  # fmt: skip
     """Train `model` (its step is its weight) from `first_step` to `max_steps` under `probe`; returns the step training
-    ended at. `crash_at` raises there, after the step's callbacks, like a fault between two checkpoints."""
+    ended at. `crash_at` raises there, after the step's callbacks, like a fault between two checkpoints. `rates`
+    collects the learning rate each step's callbacks leave for the next, a constant scheduler setting 1.0 first."""
     args = args or Args()
     model.at(first_step)
     state = State(first_step, max_steps)
@@ -74,7 +76,10 @@ def run_probe(probe, model: StepModel, max_steps: int, args: Args | None = None,
         model.at(step)
         state.global_step = step
         control = Control()
-        probe.on_step_end(args, state, control, model=model)
+        optimizer = SimpleNamespace(param_groups=[{"lr": 1.0}])  # the scheduler sets each step's rate anew
+        probe.on_step_end(args, state, control, model=model, optimizer=optimizer)
+        if rates is not None:
+            rates.append(optimizer.param_groups[0]["lr"])
         if step == crash_at:
             raise RuntimeError(f"injected fault at step {step}")
         if control.should_training_stop:

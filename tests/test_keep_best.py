@@ -8,6 +8,7 @@ step, whose weights score what the probe measured at that step; with `last` it r
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -327,10 +328,14 @@ def test_sft_goes_on_steps_after_bar_once_the_probe_first_reaches_it(monkeypatch
     right = {step: round(20 * acc) for step, acc in accuracy_at.items()}
     fake_probe(monkeypatch, lambda step: [1.0] * right.get(step, 10) + [0.0] * (20 - right.get(step, 10)))
     notes: list[str] = []
+    rates: list[float] = []
     ended = run_probe(
-        probe_callback(20, every_steps=10, stop_at=0.15, steps_after_bar=25, notes=notes), StepModel(), 200
+        probe_callback(20, every_steps=10, stop_at=0.15, steps_after_bar=25, notes=notes), StepModel(), 200, rates=rates
     )
     assert ended == 55
+    # the rate is the scheduler's until the bar, then a cosine from it to 0 at the last step
+    assert rates[:30] == [1.0] * 30 and rates[-1] == pytest.approx(0.0, abs=1e-12)
+    assert rates[29 + 12] > 0.5 > rates[29 + 13] and all(a > b for a, b in itertools.pairwise(rates[29:]))
     assert notes == [
         "ended at step 55 of 200: the probe's greedy accuracy 0.300 reached 0.15 at step 30, then 25 more steps"
     ]

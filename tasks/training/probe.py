@@ -212,7 +212,18 @@ class HeldOutAccuracyProbe(TrainerCallback):
                 control.should_training_stop = True
             if self.stop_at is not None and self._bar_step is None and self.history[-1][1] >= self.stop_at:
                 self._bar_step = state.global_step
+        self._anneal_after_bar(state.global_step, kwargs.get("optimizer"))
         self._stop_after_bar(state, control)
+
+    def _anneal_after_bar(self, step: int, optimizer) -> None:
+        """Between the bar and `steps_after_bar` steps later, scale the scheduler's learning rate by a cosine from 1 to
+        0, so that the warmup ends annealed. The scheduler sets each step's rate anew before this runs, so the
+        factor never compounds; the logged `learning_rate` stays the scheduler's."""
+        if self._bar_step is None or not self.steps_after_bar or optimizer is None:
+            return
+        factor = 0.5 * (1 + math.cos(math.pi * min((step - self._bar_step) / self.steps_after_bar, 1.0)))
+        for group in optimizer.param_groups:
+            group["lr"] *= factor
 
     def _stop_after_bar(self, state, control) -> None:
         step = state.global_step
