@@ -294,7 +294,7 @@ def test_round_two_trains_on_the_filtered_split(tmp_path, prefect_api) -> None:
     assert second["data_fingerprint"] == kept["train"]["fingerprint"] != first["data_fingerprint"]
     assert client.get_run(kept["run_id"]).data.metrics["difficulty/kept_fraction"] == kept["kept_fraction"]
 
-    off = run_cli([*common, "--summary-json", str(tmp_path / "off.json")], env)
+    off = run_cli([*common, "grpo.difficulty_filter.enabled=false", "--summary-json", str(tmp_path / "off.json")], env)
     assert off.returncode == 0, f"pipeline failed:\n{off.stdout[-4000:]}\n{off.stderr[-4000:]}"
     cached = {s["stage"]: s["cached"] for s in json.loads((tmp_path / "off.json").read_text())["stages"]}
     assert cached["sft_warmup"] and cached["grpo-round1"] and cached["evaluate-r1"], cached
