@@ -323,7 +323,8 @@ def test_sft_ends_at_the_first_probe_that_reaches_its_bar(taught):
 
 def test_sft_goes_on_steps_after_bar_once_the_probe_first_reaches_it(monkeypatch):
     """`sft.steps_after_bar`: the bar is reached at step 30 (probed every 10); SFT ends 25 steps later, at 55, not at
-    the next probe; a later dip below the bar does not move the count. 0 ends at the bar's probe, as before."""
+    the next probe; a later dip below the bar does not move the count. 0 ends at the bar's probe, as before; a cap
+    that comes first ends it, and the note says how many steps it had after the bar."""
     accuracy_at = {0: 0.0, 10: 0.05, 20: 0.1, 30: 0.3, 40: 0.1, 50: 0.4}
     right = {step: round(20 * acc) for step, acc in accuracy_at.items()}
     fake_probe(monkeypatch, lambda step: [1.0] * right.get(step, 10) + [0.0] * (20 - right.get(step, 10)))
@@ -342,8 +343,16 @@ def test_sft_goes_on_steps_after_bar_once_the_probe_first_reaches_it(monkeypatch
     notes.clear()
     assert run_probe(probe_callback(20, every_steps=10, stop_at=0.15, notes=notes), StepModel(), 200) == 30
     assert notes == ["ended at step 30 of 200: the probe's greedy accuracy 0.300 reached 0.15"]
+    notes.clear()
     never = probe_callback(20, every_steps=10, stop_at=0.9, steps_after_bar=25, notes=notes)
-    assert run_probe(never, StepModel(), 60) == 60  # the cap, when the bar is never reached
+    assert run_probe(never, StepModel(), 60) == 60 and not notes  # the cap, when the bar is never reached
+    assert (
+        run_probe(probe_callback(20, every_steps=10, stop_at=0.15, steps_after_bar=25, notes=notes), StepModel(), 40)
+        == 40
+    )
+    assert notes == [
+        "ended at step 40 of 40: the probe's greedy accuracy 0.300 reached 0.15 at step 30, then 10 more steps"
+    ]
 
 
 def test_the_sft_bar_needs_a_probe_split():

@@ -227,11 +227,11 @@ class HeldOutAccuracyProbe(TrainerCallback):
 
     def _stop_after_bar(self, state, control) -> None:
         step = state.global_step
-        if self._bar_step is None or step < self._bar_step + self.steps_after_bar or step >= state.max_steps:
+        if self._bar_step is None or step < min(self._bar_step + self.steps_after_bar, state.max_steps):
             return
-        control.should_training_stop = True
+        control.should_training_stop = step < state.max_steps  # at the cap training ends anyway; the note says why
         reached = next(acc for s, acc in self.history if s == self._bar_step)
-        after = f" at step {self._bar_step}, then {self.steps_after_bar} more steps" if self.steps_after_bar else ""
+        after = f" at step {self._bar_step}, then {step - self._bar_step} more steps" if self.steps_after_bar else ""
         self.notes.append(
             f"ended at step {step} of {state.max_steps}: the probe's greedy accuracy {reached:.3f} reached "
             f"{self.stop_at}{after}"
