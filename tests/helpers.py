@@ -37,6 +37,8 @@ def micro_overrides(run_dir: Path) -> list[str]:
         "grpo.keep=last",
         "grpo.keep_over_start=false",
         "grpo.keep_margin=0",
+        # a micro policy solves nothing, so a filter would keep no prompt for a second round
+        "grpo.difficulty_filter.enabled=false",
         "eval.n_samples=4",
         "eval.k=[1,2,4]",
         "model.tiny.hidden_size=32",
