@@ -16,7 +16,7 @@ from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
-from grpo_pipeline import python_ast
+from grpo_pipeline.tasks.core import python_ast
 
 MAX_EXPRESSION_CHARS = 2000  # longer input is refused unparsed (ast.parse of deep nesting is itself costly)
 MAX_DIGITS = 1000  # the largest numerator or denominator any step may produce, in decimal digits

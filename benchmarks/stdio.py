@@ -38,13 +38,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from grpo_pipeline import python_ast
 from grpo_pipeline.rewards.code import IoLimits, stdio_job
 from grpo_pipeline.rewards.code_formats import StdioCase
 from grpo_pipeline.rewards.harness import program_source
 from grpo_pipeline.rewards.harness.compare import outputs_match
 from grpo_pipeline.rewards.sandbox import Sandbox, SandboxConfig
 from grpo_pipeline.rewards.sandbox import config as sandbox_config
+from grpo_pipeline.tasks.core import python_ast
 
 logger = logging.getLogger("benchmarks.stdio")
 

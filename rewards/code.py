@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from grpo_pipeline import python_ast
 from grpo_pipeline.rewards.code_asserts import builtins_under_test, mark_under_test
 from grpo_pipeline.rewards.code_formats import (
     TEST_FORMAT_COLUMNS,
@@ -47,6 +46,7 @@ from grpo_pipeline.rewards.sandbox import (
     SandboxUnavailable,
     default_sandbox,
 )
+from grpo_pipeline.tasks.core import python_ast
 
 logger = logging.getLogger(__name__)
 

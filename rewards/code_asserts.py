@@ -22,7 +22,7 @@ import ast
 import builtins
 import functools
 
-from grpo_pipeline import python_ast
+from grpo_pipeline.tasks.core import python_ast
 
 UNDER_TEST = "_grpo_under_test_"  # the harness binds UNDER_TEST + name to the program's `name`
 

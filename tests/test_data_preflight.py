@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_pipeline import python_ast
 from grpo_pipeline.configs.schema import DataConfig
+from grpo_pipeline.tasks.core import python_ast
 from grpo_pipeline.tasks.preflight import data_path_problems
 from tests.helpers import ROOT, cli_env, micro_overrides, run_cli
 

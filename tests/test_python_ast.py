@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpo_pipeline import python_ast
+from grpo_pipeline.tasks.core import python_ast
 
 TRIPPED = SystemError("AST constructor recursion depth mismatch (before=144, after=32)")
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_pipeline import python_ast
 from grpo_pipeline.rewards import harness
 from grpo_pipeline.rewards.harness import MODULES, program_source
+from grpo_pipeline.tasks.core import python_ast
 
 FOLDER = Path(harness.__file__).parent
 MAX_ARG_STRLEN = 32 * 4096  # Linux: the longest single argument of execve (longer fails with E2BIG)

@@ -58,7 +58,6 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from grpo_pipeline import python_ast
 from grpo_pipeline.rewards.code_formats.apps import APPS
 from grpo_pipeline.rewards.code_formats.cases import (
     EXTRA_TEST_COLUMNS,
@@ -76,6 +75,7 @@ from grpo_pipeline.rewards.code_formats.cases import (
 from grpo_pipeline.rewards.code_formats.codecontests import CODECONTESTS
 from grpo_pipeline.rewards.code_formats.livecodebench import LIVECODEBENCH, decode_private_blob
 from grpo_pipeline.rewards.code_formats.open_r1 import OPEN_R1
+from grpo_pipeline.tasks.core import python_ast
 
 __all__ = [
     "CODE_FORMATS",

@@ -30,8 +30,8 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from grpo_pipeline import python_ast
 from grpo_pipeline.configs.schema import UNKEYED, PipelineConfig, section_hash
+from grpo_pipeline.tasks.core import python_ast
 
 PACKAGE = "grpo_pipeline"
 SUBPACKAGES = ("configs", "flows", "tasks", "rewards", "agents")
