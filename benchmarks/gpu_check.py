@@ -159,7 +159,7 @@ def grpo_steps(model_dir: Path, work: Path, steps: int, overrides: list[str]) ->
     import mlflow
 
     from grpo_pipeline.configs.schema import load_config
-    from grpo_pipeline.runtime import setup
+    from grpo_pipeline.tasks.core.runtime import setup
     from grpo_pipeline.tasks.core.stage import RunContext
     from grpo_pipeline.tasks.data import prepare_data
     from grpo_pipeline.tasks.grpo import GRPORound, grpo_train

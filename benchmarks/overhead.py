@@ -35,7 +35,7 @@ SHORT = ["sft.max_steps=1500", "grpo.rounds=1", "grpo.steps_per_round=150", "dat
 PLAIN_LOOP = textwrap.dedent("""
     import json, sys, time
     from grpo_pipeline.configs.schema import load_config
-    from grpo_pipeline.runtime import setup
+    from grpo_pipeline.tasks.core.runtime import setup
     from grpo_pipeline.tasks.data import prepare_data
     from grpo_pipeline.tasks.evaluate import evaluate
     from grpo_pipeline.tasks.grpo import GRPORound, grpo_train

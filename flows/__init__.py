@@ -5,10 +5,10 @@
       grpo_train.py     one GRPO round as its own deployable flow (grpo-train), for another work pool
       summary.py        the end-of-run summary: one record per stage run and per round
 
-Importing this package applies the process's environment defaults (grpo_pipeline.runtime) before Prefect is
-imported, so a flow called from plain Python starts its temporary server with the same settings as the CLI.
+Importing this package applies the process's environment defaults (grpo_pipeline.tasks.core.runtime) before Prefect
+is imported, so a flow called from plain Python starts its temporary server with the same settings as the CLI.
 """
 
-from grpo_pipeline.runtime import apply_env_defaults
+from grpo_pipeline.tasks.core.runtime import apply_env_defaults
 
 apply_env_defaults()

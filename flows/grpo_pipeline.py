@@ -28,8 +28,8 @@ from grpo_pipeline.configs.schema import HELDOUT, ConfigError, ModelConfig, Pipe
 from grpo_pipeline.flows.grpo_train import RoundFailed, remote_grpo_train
 from grpo_pipeline.flows.summary import Round, StageRecord, Summary
 from grpo_pipeline.rewards.registry import RewardError
-from grpo_pipeline.runtime import setup
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref, damaged
+from grpo_pipeline.tasks.core.runtime import setup
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.core.tracking import unreachable
 from grpo_pipeline.tasks.data import DatasetRefs

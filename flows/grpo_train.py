@@ -16,9 +16,9 @@ import uuid
 from prefect import flow
 from prefect.deployments import run_deployment
 
-from grpo_pipeline.runtime import add_import_paths, setup
 from grpo_pipeline.tasks.core.common import Checkpoint
 from grpo_pipeline.tasks.core.publish import hand_over, materialize, publish, replace_refs, share_inputs, take_over
+from grpo_pipeline.tasks.core.runtime import add_import_paths, setup
 from grpo_pipeline.tasks.grpo import GRPORound, grpo_train, round_name
 
 

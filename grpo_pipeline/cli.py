@@ -18,8 +18,8 @@ from grpo_pipeline import stack
 from grpo_pipeline.configs.schema import ConfigError, PipelineConfig, load_config
 from grpo_pipeline.eval_cli import eval_command
 from grpo_pipeline.rewards_cli import rewards_app
-from grpo_pipeline.runtime import setup
 from grpo_pipeline.serve_model import serve_model_command
+from grpo_pipeline.tasks.core.runtime import setup, source_roots
 
 app = typer.Typer(
     help="GRPO post-training as a Prefect pipeline: data -> validation -> SFT -> GRPO rounds -> eval -> MLflow.",
@@ -264,8 +264,6 @@ def show_config(
 if __name__ == "__main__":
     # `python -m grpo_pipeline.cli` puts the working directory first on sys.path; from a checkout that would make
     # its design folders (rewards/, tasks/, ...) importable under their bare names, ahead of a user's own modules.
-    from grpo_pipeline.runtime import source_roots
-
     roots = source_roots()
     sys.path[:] = [e for e in sys.path if Path(e or os.getcwd()).resolve() not in roots]
     app()

@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from grpo_pipeline.configs.schema import ConfigError, EvalConfig, load_config
-from grpo_pipeline.runtime import setup
+from grpo_pipeline.tasks.core.runtime import setup
 
 if TYPE_CHECKING:
     from grpo_pipeline.tasks.core.common import Ref

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grpo_pipeline.configs.schema import ConfigError, load_config
-from grpo_pipeline.runtime import setup
+from grpo_pipeline.tasks.core.runtime import setup
 
 if TYPE_CHECKING:  # the reward modules import their libraries; load them only when a command needs them
     from grpo_pipeline.rewards.registry import RewardFn

@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 from pydantic import BaseModel
 
-from grpo_pipeline.runtime import DEFAULTS
+from grpo_pipeline.tasks.core.runtime import DEFAULTS
 
 STATE_FILE = "stack.json"
 DEFAULT_STATE_DIR = ".grpo-stack"

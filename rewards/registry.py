@@ -36,6 +36,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from grpo_pipeline.tasks.core.runtime import source_roots
+
 logger = logging.getLogger(__name__)
 
 RewardFn = Callable[..., list[float | None]]
@@ -127,8 +129,6 @@ def _project_folder(module_name: str) -> str | None:
 
     Only the lookup runs, nothing is imported: importing the folder as `rewards` would run its modules a second time,
     beside `grpo_pipeline.rewards`."""
-    from grpo_pipeline.runtime import source_roots
-
     top = module_name.partition(".")[0]
     if top not in ("configs", "flows", "tasks", "rewards", "agents") or top in sys.modules:
         return None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_pipeline.runtime import setup
+from grpo_pipeline.tasks.core.runtime import setup
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"

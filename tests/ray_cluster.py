@@ -242,7 +242,7 @@ def kill_and_resume(folder: Path, temp: Path, nodes: list[subprocess.Popen], ste
 
 
 def main(folder: Path, phases: list[str]) -> None:
-    from grpo_pipeline.runtime import add_import_paths, setup
+    from grpo_pipeline.tasks.core.runtime import add_import_paths, setup
 
     setup()
     # Ray 2.60 authenticates every connection with a token; one of the test's own, for every node and the driver

@@ -15,7 +15,7 @@ from rich.markdown import Markdown
 
 from grpo_pipeline.configs.schema import ModelConfig
 from grpo_pipeline.flows.summary import RoundRow, ScoreRow, StageRecord, Summary
-from grpo_pipeline.runtime import LIBRARY_WARNINGS, configure_warnings
+from grpo_pipeline.tasks.core.runtime import LIBRARY_WARNINGS, configure_warnings
 from grpo_pipeline.tasks.release.gate import GateDecision
 from grpo_pipeline.tasks.release.versions import Registration
 from grpo_pipeline.tasks.training.progress import ConsoleProgress

@@ -19,7 +19,7 @@ from prefect.server.schemas.actions import validate_base_job_template
 from prefect.utilities.schema_tools import is_valid_schema, validate
 from prefect.utilities.templating import apply_values, find_placeholders
 
-from grpo_pipeline.runtime import DEFAULTS
+from grpo_pipeline.tasks.core.runtime import DEFAULTS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "deployments" / "Dockerfile"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from grpo_pipeline.configs.schema import ConfigError, load_config
-from grpo_pipeline.runtime import add_import_paths
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.core.launch import launch_command
+from grpo_pipeline.tasks.core.runtime import add_import_paths
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.data import prepare_data
 from grpo_pipeline.tasks.grpo import GRPORound, grpo_train

@@ -93,7 +93,7 @@ def train_and_report(model_dir: str, run_dir: str, overrides: list[str], report:
     from safetensors.torch import load_file
 
     from grpo_pipeline.configs.schema import load_config
-    from grpo_pipeline.runtime import setup
+    from grpo_pipeline.tasks.core.runtime import setup
     from grpo_pipeline.tasks.core.stage import RunContext
     from grpo_pipeline.tasks.data import prepare_data
     from grpo_pipeline.tasks.grpo import GRPORound, grpo_train

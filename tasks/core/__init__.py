@@ -8,4 +8,5 @@ core/
   publish.py   a round's inputs shared with, and its policy fetched from, a remote work pool
   hub.py       Hugging Face Hub models and datasets: offline, unreachable, not there
   python_ast.py  `ast.parse` that holds when other threads parse at the same time
+  runtime.py   the process defaults (Prefect's settings, logging, warnings, import paths) every entry point applies
 """

@@ -34,6 +34,7 @@ from pydantic_core import to_jsonable_python
 
 from grpo_pipeline.configs.schema import ConfigError
 from grpo_pipeline.tasks.core.common import Checkpoint, logger
+from grpo_pipeline.tasks.core.runtime import setup
 from grpo_pipeline.tasks.core.stage import RunContext, context_of
 
 RESULT_ENV = "GRPO_PIPELINE_LAUNCH_RESULT"
@@ -158,7 +159,5 @@ def run_job(job_path: Path) -> None:
 
 
 if __name__ == "__main__":
-    from grpo_pipeline.runtime import setup
-
     setup()
     run_job(Path(sys.argv[1]))

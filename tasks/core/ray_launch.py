@@ -171,7 +171,7 @@ def _init(ctx: RunContext) -> None:
 def train_worker(job: dict[str, Any]) -> None:
     """One Ray Train worker: rebuild the stage's arguments, fetch the inputs this machine lacks, train into the
     pipeline's output folder, and (worker 0) publish the checkpoint and hand it over to the pipeline."""
-    from grpo_pipeline.runtime import add_import_paths, setup
+    from grpo_pipeline.tasks.core.runtime import add_import_paths, setup
 
     setup()
     os.environ[LAUNCH_ID_ENV] = job["launch_id"]  # the stage trains here, never launches again

@@ -86,7 +86,7 @@ def run_task(job: dict[str, Any]) -> tuple[Any, dict[str, bytes]]:
     pipeline's output folder, and return its result with the folder's files."""
     import ray
 
-    from grpo_pipeline.runtime import setup
+    from grpo_pipeline.tasks.core.runtime import setup
 
     setup()
     started = time.time()
