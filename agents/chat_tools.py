@@ -131,7 +131,7 @@ class ChatToolLoop:
 
 def _chat_messages(prompt: Any) -> list[Message]:
     """A stored chat prompt as messages, or ToolError: TRL's loop reads tool calls from assistant messages only."""
-    from grpo_pipeline.tasks.scoring.chat import decode_messages
+    from grpo_pipeline.tasks.core.chat import decode_messages
 
     messages = decode_messages(prompt)
     if messages is None:

@@ -57,7 +57,7 @@ def demonstrate(
 ) -> Episode:
     """One episode of `loop` on QUESTION whose first turn calls tool `name` (EXAMPLE_CALLS), the rest generated
     greedily by `model`: the call parsed, run and answered as in training."""
-    from grpo_pipeline.tasks.scoring.chat import encode_messages
+    from grpo_pipeline.tasks.core.chat import encode_messages
     from grpo_pipeline.tasks.scoring.generation import generation_kwargs, stop_token_ids
 
     messages = [*([{"role": "system", "content": system_prompt}] if system_prompt else []),

@@ -119,7 +119,7 @@ class DataConfig(Section):
         description="'text': each prompt is the templated question, fed to the model as it is. 'chat': each prompt "
         "becomes chat messages (the system prompt when set, then the templated question as the user's message; a "
         "source column that already holds messages is kept), rendered with the tokenizer's chat template for SFT, "
-        "GRPO and evaluation alike (tasks/scoring/chat.py).",
+        "GRPO and evaluation alike (tasks/core/chat.py).",
     )
     system_prompt: str | None = Field(
         default=None,

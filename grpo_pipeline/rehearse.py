@@ -354,7 +354,7 @@ def _stand_in(cfg: PipelineConfig) -> tuple[Path, str]:
 
 def _texts(df: Any, system_prompt: str | None) -> list[str]:
     """Every text the recipe's data holds (chat prompts by their messages' contents): the tokenizer's corpus."""
-    from grpo_pipeline.tasks.scoring.chat import decode_messages
+    from grpo_pipeline.tasks.core.chat import decode_messages
 
     texts = [system_prompt] if system_prompt else []
     for column in ("prompt", "answer", "completion"):

@@ -5,7 +5,7 @@ tests; deterministic by seed), a local JSONL/Parquet/CSV file, or a
 Hugging Face dataset (by name, or a local dataset directory). Every source ends as the same columns:
 `prompt` (what the model sees), `answer` (the reference final answer, a string), `completion` (the SFT target),
 plus any `extra_columns` the rewards need. With `prompt_format: chat` the prompt is the JSON of its chat messages
-(tasks/scoring/chat.py).
+(tasks/core/chat.py).
 """
 
 from __future__ import annotations

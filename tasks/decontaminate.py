@@ -21,7 +21,7 @@ the two share a run of n consecutive words, n = `data.decontaminate_ngram` (13 b
   `47 + 38 =`; case and spacing are still ignored): deleting it, as the n-gram rule does, would make `47+38=`,
   `47-38=` and `4+738=` the one word `4738`, and in a short text the marks carry the question. (So a short
   copy with a comma more or less is missed; the long copies of benchmark problems are what the n-grams are for.)
-- Chat prompts (data.prompt_format: chat, stored as the JSON of their messages, tasks/scoring/chat.py) are compared
+- Chat prompts (data.prompt_format: chat, stored as the JSON of their messages, tasks/core/chat.py) are compared
   by what they ask: the content of their non-system messages, never the JSON around it. A system prompt is left
   out because it is the same on every row: shared by both sides, 13 words of it would make every row overlap.
 
@@ -47,9 +47,9 @@ import pandas as pd
 import pyarrow.parquet as pq
 from pydantic import BaseModel
 
+from grpo_pipeline.tasks.core import chat
 from grpo_pipeline.tasks.core.common import Ref, atomic_dir, fingerprint_path, logger
 from grpo_pipeline.tasks.core.stage import stage
-from grpo_pipeline.tasks.scoring import chat
 from grpo_pipeline.tasks.sources import DataError
 
 MODES = ("drop", "error", "off")

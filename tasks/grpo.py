@@ -7,7 +7,7 @@ round's policy and, because TRL builds the reference model from the starting che
 is reset to that policy too (only matters when beta > 0).
 
 Chat prompts (data.prompt_format: chat) reach GRPOTrainer as messages: it renders them with the tokenizer's chat
-template and hands the rewards each completion as an assistant message (tasks/scoring/chat.py).
+template and hands the rewards each completion as an assistant message (tasks/core/chat.py).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from grpo_pipeline.configs.schema import (
     RewardSpec,
 )
 from grpo_pipeline.rewards import build_rewards
+from grpo_pipeline.tasks.core.chat import conversational_dataset
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref, logger
 from grpo_pipeline.tasks.core.launch import launched
 from grpo_pipeline.tasks.core.stage import RunContext, stage, user_code
-from grpo_pipeline.tasks.scoring.chat import conversational_dataset
 from grpo_pipeline.tasks.training.health import RoundHealth
 from grpo_pipeline.tasks.training.trainer import adapter_args, load_split, train_policy, vllm_available
 from grpo_pipeline.tasks.training.vllm_rollouts import prepare_vllm_rollouts, rollout_engine

@@ -32,11 +32,11 @@ from pydantic import BaseModel
 from grpo_pipeline.configs.schema import DataConfig, EvalConfig, GRPOStageConfig, PipelineConfig
 from grpo_pipeline.rewards import build_reward
 from grpo_pipeline.rewards.registry import RewardError
+from grpo_pipeline.tasks.core.chat import ChatTemplateError, as_completion, render_prompt
 from grpo_pipeline.tasks.core.common import Checkpoint, logger
 from grpo_pipeline.tasks.core.stage import stage, user_code
 from grpo_pipeline.tasks.data import DatasetRefs
 from grpo_pipeline.tasks.model import check_base_path, looks_local
-from grpo_pipeline.tasks.scoring.chat import ChatTemplateError, as_completion, render_prompt
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase

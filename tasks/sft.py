@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpo_pipeline.configs.schema import CORRECTNESS, ConfigError, ModelConfig, RewardSpec, SFTStageConfig
+from grpo_pipeline.tasks.core.chat import conversational_dataset
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.core.launch import launched
 from grpo_pipeline.tasks.core.stage import RunContext, code_version, stage, user_code
-from grpo_pipeline.tasks.scoring.chat import conversational_dataset
 from grpo_pipeline.tasks.training.trainer import adapter_args, load_split, train_policy
 
 if TYPE_CHECKING:  # the training libraries load when SFT runs, not when a cached run imports the flow

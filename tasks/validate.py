@@ -4,7 +4,7 @@ All splits are validated together so that the contract can see across them (no p
 are compared with their whitespace collapsed: `"12+7="` and `"12+7= "` are one question, and the split, which
 works on exact strings, can put such a pair on both sides. Every failing row is reported with its split, row
 number, column and check; nothing downstream runs on bad data. Chat prompts (data.prompt_format: chat, stored as
-the JSON of their messages, tasks/scoring/chat.py) must each be well-formed messages, and their length is that of their
+the JSON of their messages, tasks/core/chat.py) must each be well-formed messages, and their length is that of their
 messages' content.
 """
 
@@ -16,9 +16,9 @@ from pandera.errors import SchemaErrors
 from pandera.typing import Series
 
 from grpo_pipeline.configs.schema import DataConfig
+from grpo_pipeline.tasks.core import chat
 from grpo_pipeline.tasks.core.stage import stage
 from grpo_pipeline.tasks.data import DatasetRefs
-from grpo_pipeline.tasks.scoring import chat
 
 
 class DataValidationError(ValueError):

@@ -17,7 +17,7 @@ from grpo_pipeline.agents.calculator import calculator as _calculator
 from grpo_pipeline.agents.chat_tools import ChatToolLoop
 from grpo_pipeline.agents.registry import ToolError, UserToolLimits
 from grpo_pipeline.agents.text_tools import EpisodeGenerator, episode_stats, eval_tool_loop
-from grpo_pipeline.tasks.scoring.chat import encode_messages
+from grpo_pipeline.tasks.core.chat import encode_messages
 from tests.agent_models import qwen_tool_model
 
 HERE = "tests.test_agent_environments"

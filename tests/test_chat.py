@@ -14,8 +14,8 @@ from trl.data_utils import is_conversational
 
 from grpo_pipeline.configs.schema import ConfigError, DataConfig, TinyModelConfig, load_config
 from grpo_pipeline.rewards import build_reward
+from grpo_pipeline.tasks.core import chat
 from grpo_pipeline.tasks.data import prepare_data
-from grpo_pipeline.tasks.scoring import chat
 from grpo_pipeline.tasks.scoring.generation import generate
 from grpo_pipeline.tasks.scoring.items import reward_scores
 from grpo_pipeline.tasks.sources import DataError

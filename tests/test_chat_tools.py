@@ -102,8 +102,8 @@ def test_the_tool_messages_ids_are_trls(tokenizer) -> None:
 
 def test_evaluation_of_a_chat_tool_recipe_runs_the_episodes(model_dir: Path, tmp_path: Path) -> None:
     from grpo_pipeline.configs.schema import EvalConfig
+    from grpo_pipeline.tasks.core.chat import encode_messages
     from grpo_pipeline.tasks.core.common import Ref
-    from grpo_pipeline.tasks.scoring.chat import encode_messages
     from grpo_pipeline.tasks.scoring.evaluation import evaluate_model
 
     rows = pd.DataFrame({"prompt": [encode_messages(QUESTION)] * 2, "answer": ["5", "5"]})

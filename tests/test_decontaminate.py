@@ -12,9 +12,9 @@ import pytest
 from pydantic import ValidationError
 
 from grpo_pipeline.configs.schema import DataConfig, load_config
+from grpo_pipeline.tasks.core.chat import build_messages, encode_messages
 from grpo_pipeline.tasks.core.common import Ref, fingerprint_path
 from grpo_pipeline.tasks.decontaminate import Decontamination, contaminated, decontaminate, suite_index, words
-from grpo_pipeline.tasks.scoring.chat import build_messages, encode_messages
 from grpo_pipeline.tasks.sources import DataError
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -181,7 +181,7 @@ def test_chat_tool_episodes_run_through_vllm(tmp_path: Path) -> None:
     parsed, the calculator runs, its result comes back as a tool message, and the next turn is generated."""
     import pandas as pd
 
-    from grpo_pipeline.tasks.scoring.chat import encode_messages
+    from grpo_pipeline.tasks.core.chat import encode_messages
     from tests.agent_models import qwen_tool_model
     from tests.test_agent_trl import ANSWER, PROMPT, teach_the_call
 

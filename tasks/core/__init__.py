@@ -6,6 +6,7 @@ core/
   tracking.py  MLflow: the tracking URI, runs, a reachable server, the registry lock
   launch.py    a stage run in N processes (accelerate launch / torchrun)
   publish.py   a round's inputs shared with, and its policy fetched from, a remote work pool
+  chat.py      chat prompts: messages stored in the data, rendered with the model's chat template
   hub.py       Hugging Face Hub models and datasets: offline, unreachable, not there
   python_ast.py  `ast.parse` that holds when other threads parse at the same time
   runtime.py   the process defaults (Prefect's settings, logging, warnings, import paths) every entry point applies

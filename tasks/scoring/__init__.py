@@ -5,7 +5,6 @@ scoring/
   generation.py  batched generation with the completions' token ids
   items.py       each item judged by the correctness reward: pass@k, maj@k, rewards, unscored reasons
   metrics.py     pass@k, maj@k, bootstrap confidence intervals
-  chat.py        chat prompts rendered with the model's template
   formats.py     benchmark formats: detection, correctness reward, loading
   adapters.py    each format's rows mapped to the eval columns
   curves.py      the GRPO learning-curve plot

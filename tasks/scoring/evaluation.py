@@ -1,7 +1,7 @@
 """Evaluating a model: greedy accuracy, unbiased pass@k, maj@k and reward means on a held-out split (`EvalResult`).
 
 Generation is batched (tasks/scoring/generation.py); chat prompts are rendered with the model's chat template first,
-as GRPO renders them (tasks/scoring/chat.py), and their items keep the rendered text (`prompt_text`). Each item is
+as GRPO renders them (tasks/core/chat.py), and their items keep the rendered text (`prompt_text`). Each item is
 scored by tasks/scoring/items.py. Completions left unscored are left out of accuracy, pass@k and maj@k, each of
 which says over how many items it was computed (`EvalResult.unscored`); when more than `eval.max_unscored_fraction`
 of the completions stay unscored the evaluation stops (UnscoredError) with the first reason the reward gave, before
@@ -23,6 +23,7 @@ from pydantic import BaseModel
 
 from grpo_pipeline.configs.schema import HELDOUT, EvalConfig, RewardSpec
 from grpo_pipeline.rewards.registry import REGISTRY, RewardError
+from grpo_pipeline.tasks.core.chat import render_prompt
 from grpo_pipeline.tasks.core.common import Ref, atomic_dir, load_tokenizer, logger
 from grpo_pipeline.tasks.core.stage import (
     code_text,
@@ -30,7 +31,6 @@ from grpo_pipeline.tasks.core.stage import (
     package_modules,
     user_code_fingerprint,
 )
-from grpo_pipeline.tasks.scoring.chat import render_prompt
 from grpo_pipeline.tasks.scoring.generation import generate_with_ids, recorded_settings
 from grpo_pipeline.tasks.scoring.items import _mean, score_items
 from grpo_pipeline.tasks.scoring.metrics import bootstrap_ci

@@ -10,7 +10,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from grpo_pipeline.tasks.scoring.chat import decode_messages, render_prompt
+from grpo_pipeline.tasks.core.chat import decode_messages, render_prompt
 
 # Sampling settings evaluation always sets itself, at the values TRL's GRPOTrainer trains with (GRPOConfig's top_k 0
 # and repetition_penalty 1.0): `generate` would otherwise take them from the checkpoint's generation_config (Qwen2.5

@@ -1,6 +1,6 @@
 """Local JSONL/JSON/Parquet/CSV files and Hugging Face datasets, mapped to the standard columns (`prompt`, `answer`,
 `completion`, and the `extra_columns` rewards need); with `prompt_format: chat` a prompt is the JSON of its chat
-messages (tasks/scoring/chat.py)."""
+messages (tasks/core/chat.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from grpo_pipeline.configs.schema import DataConfig
-from grpo_pipeline.tasks.scoring import chat
+from grpo_pipeline.tasks.core import chat
 from grpo_pipeline.tasks.sources import DataError
 
 # ----------------------------------------------------------------------------- files and HF datasets
@@ -132,7 +132,7 @@ def _completion_text(value: Any) -> str:
 
 def format_prompt(cfg: DataConfig, value: Any, origin: str = "the data") -> str | None:
     """One row's prompt as stored in the splits: the templated question (prompt_format: text), or the JSON of its
-    chat messages (prompt_format: chat; tasks/scoring/chat.py). A source value that already holds messages is kept as it
+    chat messages (prompt_format: chat; tasks/core/chat.py). A source value that already holds messages is kept as it
     is (the system prompt put first when it has none), and validation checks it."""
     if _missing(value):
         return None
