@@ -37,7 +37,8 @@ def _fail(message: str) -> typer.Exit:
 def resolve_model(spec: str, run_dir: Path) -> str:
     """A local directory as it is; `models:/<name>@<alias>` or `models:/<name>/<version>` fetched from MLflow (once
     per version, under the run directory); anything else is passed to `from_pretrained` as a hub name."""
-    from grpo_pipeline.tasks.model import REGISTRY_PREFIX, fetch_registered, resolve_registered
+    from grpo_pipeline.tasks.core.tracking import REGISTRY_PREFIX
+    from grpo_pipeline.tasks.release.registered import fetch_registered, resolve_registered
 
     if spec.startswith(REGISTRY_PREFIX):
         version = resolve_registered(spec, str(run_dir))

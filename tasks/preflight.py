@@ -34,9 +34,9 @@ from grpo_pipeline.rewards import build_reward
 from grpo_pipeline.rewards.registry import RewardError
 from grpo_pipeline.tasks.core.chat import ChatTemplateError, as_completion, render_prompt
 from grpo_pipeline.tasks.core.common import Checkpoint, logger
+from grpo_pipeline.tasks.core.hub import check_base_path, dataset_problem, looks_local, model_problem
 from grpo_pipeline.tasks.core.stage import stage, user_code
 from grpo_pipeline.tasks.data import DatasetRefs
-from grpo_pipeline.tasks.model import check_base_path, looks_local
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
@@ -83,8 +83,6 @@ def check_config(cfg: PipelineConfig) -> None:
     problems += data_problems
     # A hub model or dataset that cannot be fetched here (offline, no network), said now rather than after Prefect
     # has started and the library's retries have run out (tasks/core/hub.py).
-    from grpo_pipeline.tasks.core.hub import dataset_problem, model_problem
-
     problems += [p for p in (model_problem(cfg.model.base), None if data_problems else dataset_problem(cfg.data)) if p]
     problems += suite_problems(cfg)
     if cfg.grpo.tools or cfg.grpo.environment:  # the check loads transformers: only for a recipe with tools
@@ -97,8 +95,6 @@ def check_config(cfg: PipelineConfig) -> None:
 def suite_problems(cfg: PipelineConfig) -> list[str]:
     """Why an eval suite's file, local dataset or hub dataset cannot be read here, each named by its suite, as the
     training data's are: said before anything trains, not when the suite is prepared after training data."""
-    from grpo_pipeline.tasks.core.hub import dataset_problem
-
     problems = []
     for suite in cfg.eval.suites:
         if suite.source in ("heldout", "synthetic"):

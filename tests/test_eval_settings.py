@@ -102,7 +102,7 @@ def test_the_gate_scores_the_champion_again_after_a_change_of_scorer(tmp_path, m
 
     monkeypatch.setattr(gate, "_logged_items", lambda run_id, artifact=gate.ITEMS_ARTIFACT: logged)
     monkeypatch.setattr(gate, "evaluate_model", fake_evaluate)
-    monkeypatch.setattr("grpo_pipeline.tasks.model.fetch_registered", lambda version, run_dir, out: out)
+    monkeypatch.setattr(gate, "fetch_registered", lambda version, run_dir, out: out)
     ctx = RunContext(run_dir=str(tmp_path), experiment="e", recipe="r", seed=0)
     scored_before = result(tmp_path, rewards=[RewardSpec(name="overlong", params={"max_len": 8, "cache_len": 4})])
     champion = FakeVersion(tags=provenance_tags(scored_before), run_id="run", version="1", name="m")

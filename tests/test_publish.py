@@ -57,14 +57,14 @@ def test_an_unpublished_missing_checkpoint_says_so(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("uri", ["models:/", "models:/name", "models:/name/latest", "models:/@champion"])
 def test_a_malformed_registry_base_is_refused(uri: str, tmp_path: Path) -> None:
-    from grpo_pipeline.tasks.model import resolve_registered
+    from grpo_pipeline.tasks.release.registered import resolve_registered
 
     with pytest.raises(ValueError, match="models:/<name>@<alias>"):
         resolve_registered(uri, str(tmp_path))
 
 
 def test_a_missing_registered_model_names_the_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from grpo_pipeline.tasks.model import resolve_registered
+    from grpo_pipeline.tasks.release.registered import resolve_registered
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     with pytest.raises(FileNotFoundError, match=r"models:/nope@champion.*no such registered model version"):

@@ -19,8 +19,7 @@ import os
 from pathlib import Path
 
 from grpo_pipeline.configs.schema import DataConfig
-from grpo_pipeline.tasks.model import REGISTRY_PREFIX, looks_local
-from grpo_pipeline.tasks.sources.tables import dataset_fix
+from grpo_pipeline.tasks.core.tracking import REGISTRY_PREFIX
 
 # One HEAD request to the hub's endpoint; a refused or unresolved connection answers at once, a black hole after this.
 HEAD_TIMEOUT_S = 3.0
@@ -104,3 +103,39 @@ def dataset_problem(cfg: DataConfig) -> str | None:
         return None
     config = f" (config {cfg.hf_config!r})" if cfg.hf_config else ""
     return f"data.hf_name {name!r}{config} cannot be fetched: {why}. {dataset_fix(name, cfg.hf_config)}"
+
+
+def looks_local(base: str) -> bool:
+    """Whether `model.base` names a directory on this machine rather than a hub model: a hub name is `name` or
+    `org/name` (one slash at most, never a leading `/`, `.` or `~`)."""
+    return not base.startswith(REGISTRY_PREFIX) and (
+        base.startswith(("/", ".", "~")) or base.count("/") > 1 or "\\" in base or Path(base).exists()
+    )
+
+
+def check_base_path(base: str) -> None:
+    """Raise FileNotFoundError when `model.base` is a local path that is not a saved Hugging Face model directory.
+
+    Without this a missing directory would be taken for a hub name and fail only when SFT loads it."""
+    if base == "tiny" or not looks_local(base):
+        return
+    local = Path(base)
+    if not local.is_dir():
+        raise FileNotFoundError(
+            f"model.base {base!r} does not exist (or is not a directory); set model.base to the directory of a saved "
+            "Hugging Face model (config.json, weights, tokenizer), 'tiny', a hub name or models:/<name>@<alias>"
+        )
+    if not (local / "config.json").exists():
+        raise FileNotFoundError(
+            f"model.base {base!r} is a directory without config.json; point it at a model saved with "
+            "save_pretrained (model and tokenizer)"
+        )
+
+
+def dataset_fix(name: str, config_name: str | None) -> str:
+    """How to give the pipeline a local copy of the hub dataset `name` (for errors when it cannot be fetched)."""
+    args = ", ".join(repr(a) for a in (name, config_name) if a)
+    return (
+        f"Point at a local copy: data.hf_name=/path/to/dataset_dir (saved with `datasets.load_dataset({args})"
+        ".save_to_disk('/path/to/dataset_dir')` where the hub is reachable), or fill the cache with hub access first"
+    )

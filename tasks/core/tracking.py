@@ -18,6 +18,8 @@ if TYPE_CHECKING:  # mlflow loads when a stage talks to it, not when the flow is
     from prefect.client.schemas.responses import GlobalConcurrencyLimitResponse
 
 
+# A registered model version's URI: models:/<name>@<alias> or models:/<name>/<version> (MLflow's models: scheme).
+REGISTRY_PREFIX = "models:/"
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING = "custom_model_development"
 

@@ -6,4 +6,5 @@ release/
   logged_model.py  the policy as an MLflow transformers model, its requirements, the completions table
   card.py          the model card
   lineage.py       provenance tags: eval settings, code version, library versions
+  registered.py    a registered version resolved from its models:/ URI and downloaded as a Hugging Face directory
 """

@@ -38,6 +38,7 @@ from pydantic import BaseModel
 from grpo_pipeline.configs.schema import HELDOUT, RegistryConfig, split_metric
 from grpo_pipeline.tasks.core.common import Ref, logger
 from grpo_pipeline.tasks.core.stage import RunContext
+from grpo_pipeline.tasks.release.registered import fetch_registered
 from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, EvalResult, evaluate_model
 from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci
 from grpo_pipeline.tasks.training.monitor import alarm_kinds
@@ -381,8 +382,6 @@ def champion_items(client: MlflowClient, champion: ModelVersion, result: EvalRes
             logged = _logged_items(champion.run_id, artifact)
             if logged is not None:
                 return logged
-    from grpo_pipeline.tasks.model import fetch_registered
-
     logger.info(
         "scoring champion v%s on this eval set (it was scored on another or with other settings)", champion.version
     )

@@ -13,6 +13,7 @@ import pandas as pd
 
 from grpo_pipeline.configs.schema import DataConfig
 from grpo_pipeline.tasks.core import chat
+from grpo_pipeline.tasks.core.hub import dataset_fix
 from grpo_pipeline.tasks.sources import DataError
 
 # ----------------------------------------------------------------------------- files and HF datasets
@@ -60,15 +61,6 @@ def load_hf(name: str, config_name: str | None, split: str) -> pd.DataFrame:
                 f"data.hf_name {name!r}{config} cannot be fetched: {e}. {dataset_fix(name, config_name)}"
             ) from e
     return ds.to_pandas()
-
-
-def dataset_fix(name: str, config_name: str | None) -> str:
-    """How to give the pipeline a local copy of the hub dataset `name` (for errors when it cannot be fetched)."""
-    args = ", ".join(repr(a) for a in (name, config_name) if a)
-    return (
-        f"Point at a local copy: data.hf_name=/path/to/dataset_dir (saved with `datasets.load_dataset({args})"
-        ".save_to_disk('/path/to/dataset_dir')` where the hub is reachable), or fill the cache with hub access first"
-    )
 
 
 def map_columns(raw: pd.DataFrame, cfg: DataConfig, origin: str) -> pd.DataFrame:
