@@ -28,11 +28,10 @@ from grpo_pipeline.configs.schema import HELDOUT, ConfigError, ModelConfig, Pipe
 from grpo_pipeline.flows.grpo_train import RoundFailed, remote_grpo_train
 from grpo_pipeline.flows.summary import Round, StageRecord, Summary
 from grpo_pipeline.rewards.registry import RewardError
-from grpo_pipeline.tasks.core.common import Checkpoint, Ref, damaged
+from grpo_pipeline.tasks.core.common import Checkpoint, DatasetRefs, Ref, damaged
 from grpo_pipeline.tasks.core.runtime import setup
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.core.tracking import unreachable
-from grpo_pipeline.tasks.data import DatasetRefs
 from grpo_pipeline.tasks.data import prepare_data as _prepare_data
 from grpo_pipeline.tasks.decontaminate import Decontamination
 from grpo_pipeline.tasks.decontaminate import decontaminate as _decontaminate

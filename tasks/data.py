@@ -14,30 +14,13 @@ import random
 from pathlib import Path
 
 import pandas as pd
-from pydantic import BaseModel
 
 from grpo_pipeline.configs.schema import DataConfig
-from grpo_pipeline.tasks.core.common import Ref, atomic_dir, fingerprint_path, logger
+from grpo_pipeline.tasks.core.common import DatasetRefs, Ref, atomic_dir, fingerprint_path, logger
 from grpo_pipeline.tasks.core.stage import stage
 from grpo_pipeline.tasks.sources import DataError
 from grpo_pipeline.tasks.sources.load import describe_source, load_source, source_content
 from grpo_pipeline.tasks.sources.synthetic import slip_carries, swap_subtractions, units_drill
-
-
-class DatasetRefs(BaseModel):
-    train: Ref
-    eval: Ref
-    # The GRPO probe's rows (data.num_probe), held out from training and disjoint from the eval items; None: none.
-    probe: Ref | None = None
-    # SFT's rows where they are more than the training split's (a drill added, data.synthetic.units_drill); None:
-    # SFT trains on `train`.
-    sft: Ref | None = None
-
-    @property
-    def sft_train(self) -> Ref:
-        """The rows SFT trains on."""
-        return self.sft or self.train
-
 
 # ----------------------------------------------------------------------------- split and write
 

@@ -33,10 +33,9 @@ from grpo_pipeline.configs.schema import DataConfig, EvalConfig, GRPOStageConfig
 from grpo_pipeline.rewards import build_reward
 from grpo_pipeline.rewards.registry import RewardError
 from grpo_pipeline.tasks.core.chat import ChatTemplateError, as_completion, render_prompt
-from grpo_pipeline.tasks.core.common import Checkpoint, logger
+from grpo_pipeline.tasks.core.common import Checkpoint, DatasetRefs, logger
 from grpo_pipeline.tasks.core.hub import check_base_path, dataset_problem, looks_local, model_problem
 from grpo_pipeline.tasks.core.stage import stage, user_code
-from grpo_pipeline.tasks.data import DatasetRefs
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase

@@ -17,8 +17,8 @@ from pandera.typing import Series
 
 from grpo_pipeline.configs.schema import DataConfig
 from grpo_pipeline.tasks.core import chat
+from grpo_pipeline.tasks.core.common import DatasetRefs
 from grpo_pipeline.tasks.core.stage import stage
-from grpo_pipeline.tasks.data import DatasetRefs
 
 
 class DataValidationError(ValueError):

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpo_pipeline.tasks.core.common import Checkpoint, Ref, damaged, fingerprint_path
-from grpo_pipeline.tasks.data import DatasetRefs
+from grpo_pipeline.tasks.core.common import Checkpoint, DatasetRefs, Ref, damaged, fingerprint_path
 
 
 def test_intact_results_have_no_damage(tmp_path: Path) -> None:

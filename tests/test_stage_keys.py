@@ -15,9 +15,9 @@ import pytest
 
 from grpo_pipeline.configs.schema import HELDOUT, EvalConfig, load_config
 from grpo_pipeline.tasks.core import stage as stage_mod
-from grpo_pipeline.tasks.core.common import Checkpoint, Ref
+from grpo_pipeline.tasks.core.common import Checkpoint, DatasetRefs, Ref
 from grpo_pipeline.tasks.core.stage import RunContext, code_version, module_closure, user_code
-from grpo_pipeline.tasks.data import DatasetRefs, prepare_data
+from grpo_pipeline.tasks.data import prepare_data
 from grpo_pipeline.tasks.evaluate import evaluate
 from grpo_pipeline.tasks.grpo import GRPORound, grpo_train
 from grpo_pipeline.tasks.model import prepare_base_model

@@ -40,6 +40,23 @@ class Ref(BaseModel):
         return p
 
 
+class DatasetRefs(BaseModel):
+    """The prepared splits (prepare_data's Parquet files), which every later stage reads."""
+
+    train: Ref
+    eval: Ref
+    # The GRPO probe's rows (data.num_probe), held out from training and disjoint from the eval items; None: none.
+    probe: Ref | None = None
+    # SFT's rows where they are more than the training split's (a drill added, data.synthetic.units_drill); None:
+    # SFT trains on `train`.
+    sft: Ref | None = None
+
+    @property
+    def sft_train(self) -> Ref:
+        """The rows SFT trains on."""
+        return self.sft or self.train
+
+
 def fingerprint_path(path: str | Path) -> str:
     """sha256 over the relative names and bytes of every file under `path` (or of one file)."""
     path = Path(path)
