@@ -50,12 +50,12 @@ from grpo_pipeline.tasks.sft import sft_warmup as _sft_warmup
 from grpo_pipeline.tasks.sft_check import SFTNotLearnedError
 from grpo_pipeline.tasks.sft_check import check_sft as _check_sft
 from grpo_pipeline.tasks.sources import DataError
+from grpo_pipeline.tasks.sources.contract import DataValidationError
 from grpo_pipeline.tasks.suites import prepare_suite as _prepare_suite
 from grpo_pipeline.tasks.suites import suite_sources
 from grpo_pipeline.tasks.training.monitor import TrainingHealthError
 from grpo_pipeline.tasks.training.trainer import check_model_runtime
 from grpo_pipeline.tasks.training.vllm_rollouts import check_vllm_runtime
-from grpo_pipeline.tasks.validate import DataValidationError
 from grpo_pipeline.tasks.validate import validate_data as _validate_data
 
 STAGE_RETRIES = 2  # 5 s apart

@@ -14,7 +14,7 @@ check that can be made early is made early, and each failure lists every problem
     model: a reward that fails, returns the wrong number of scores or non-numbers on real training rows; prompts
     that do not fit the model's context with the completion budget; fewer training rows than one GRPO batch.
 
-The data contract itself (columns, blanks, duplicates, train/eval overlap) is tasks/validate.py.
+The data contract itself (columns, blanks, duplicates, train/eval overlap) is tasks/sources/contract.py.
 """
 
 from __future__ import annotations

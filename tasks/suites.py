@@ -3,7 +3,7 @@
 A suite (`eval.suites`, configs/eval.py) is a named benchmark: GSM8K's test split, HumanEval's 164 problems, a
 synthetic task of another shape than training's. Each is prepared by its own keyed stage, so adding a suite prepares
 and scores that suite alone. The `heldout` suite is the held-out split of the training source (prepare_data's
-`eval.parquet`) and needs no stage of its own. Rows go through the data contract (tasks/validate.py) before any
+`eval.parquet`) and needs no stage of its own. Rows go through the data contract (tasks/sources/contract.py) before any
 policy is scored on them: a suite with a blank prompt or answer, or a prompt twice, stops the run naming the rows.
 """
 
@@ -17,8 +17,8 @@ from grpo_pipeline.configs.eval import HELDOUT, EvalConfig, EvalSuiteConfig
 from grpo_pipeline.tasks.core.common import Ref, atomic_dir, fingerprint_path, logger
 from grpo_pipeline.tasks.core.stage import stage
 from grpo_pipeline.tasks.sources import DataError
+from grpo_pipeline.tasks.sources.contract import DataValidationError, validate_frames
 from grpo_pipeline.tasks.sources.load import describe_source, load_source, source_content
-from grpo_pipeline.tasks.validate import DataValidationError, validate_frames
 
 SUITE_FILE = "suite.parquet"
 

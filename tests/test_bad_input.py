@@ -27,7 +27,7 @@ from grpo_pipeline.rewards.registry import RewardError, check_scores
 from grpo_pipeline.tasks.core.hub import check_base_path
 from grpo_pipeline.tasks.data import split_train_eval
 from grpo_pipeline.tasks.preflight import reward_problems, run_dir_problem
-from grpo_pipeline.tasks.validate import DataValidationError, validate_frames
+from grpo_pipeline.tasks.sources.contract import DataValidationError, validate_frames
 from tests.helpers import cli_env, micro_overrides, run_cli
 
 integration = pytest.mark.integration

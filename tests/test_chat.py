@@ -19,10 +19,10 @@ from grpo_pipeline.tasks.data import prepare_data
 from grpo_pipeline.tasks.scoring.generation import generate
 from grpo_pipeline.tasks.scoring.items import reward_scores
 from grpo_pipeline.tasks.sources import DataError
+from grpo_pipeline.tasks.sources.contract import CHAT_CHECK, DataValidationError, validate_frames
 from grpo_pipeline.tasks.sources.tables import map_columns
 from grpo_pipeline.tasks.training.tiny_model import CHARACTERS, SPECIAL_TOKENS, build_tiny_model, build_tokenizer
 from grpo_pipeline.tasks.training.trainer import load_split
-from grpo_pipeline.tasks.validate import CHAT_CHECK, DataValidationError, validate_frames
 from tests.helpers import cli_env, micro_overrides, run_cli
 
 SYSTEM = "Add the numbers."

@@ -7,8 +7,9 @@ import pytest
 from grpo_pipeline.configs.schema import DataConfig, load_config
 from grpo_pipeline.tasks.data import prepare_data, split_train_eval
 from grpo_pipeline.tasks.sources import DataError
+from grpo_pipeline.tasks.sources.contract import DataValidationError, validate_frames
 from grpo_pipeline.tasks.sources.synthetic import carry_free_sum, needs_carry, synthetic_arithmetic
-from grpo_pipeline.tasks.validate import DataValidationError, validate_data, validate_frames
+from grpo_pipeline.tasks.validate import validate_data
 
 
 def synthetic_cfg(**kw) -> DataConfig:

@@ -19,8 +19,8 @@ from grpo_pipeline.tasks.register import register_policy
 from grpo_pipeline.tasks.release.gate import GateDecision, suite_items_artifact
 from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, EvalResult, summarize
 from grpo_pipeline.tasks.scoring.items import item_id
+from grpo_pipeline.tasks.sources.contract import DataValidationError
 from grpo_pipeline.tasks.suites import prepare_suite, suite_sources
-from grpo_pipeline.tasks.validate import DataValidationError
 from tests.helpers import finished, run_pipeline
 from tests.test_register import EVAL, policy
 

@@ -13,7 +13,7 @@ keeps working on plain strings. Each consumer turns it back into messages:
   (`add_generation_prompt=True`) before their own batched `generate`, and rewards get the messages, as under TRL.
 
 A prompt is chat when it decodes to a non-empty list of `{"role", "content"}` objects; validation
-(tasks/validate.py) checks that every row of a chat dataset does, so one row decides for a whole split.
+(tasks/sources/contract.py) checks that every row of a chat dataset does, so one row decides for a whole split.
 """
 
 from __future__ import annotations
