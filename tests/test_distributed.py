@@ -173,7 +173,7 @@ def test_a_launched_process_rebuilds_the_config_as_it_was_written(tmp_path: Path
 
     from pydantic import TypeAdapter
 
-    from grpo_pipeline.tasks.core.launch import job_params
+    from grpo_pipeline.tasks.core.jobs import job_params
 
     cfg = load_config(None, ["grpo.use_vllm=false", "grpo.learning_rate=3e-4"])
     start, train = Checkpoint(path="sft", fingerprint="sft"), Ref(path="train", fingerprint="train")

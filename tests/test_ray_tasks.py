@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from grpo_pipeline.tasks.core import ray_launch, ray_tasks
+from grpo_pipeline.tasks.core import ray_cluster, ray_tasks
 from grpo_pipeline.tasks.core.stage import RunContext
 
 CTX = RunContext(run_dir="runs", experiment="e", recipe="r", seed=0)
@@ -65,20 +65,20 @@ def test_an_input_is_published_once_per_mlflow_store_and_the_run_dir_sent_absolu
         published.extend(f"{ctx.run_dir}:{r.path}" for r in refs)
         return [r.model_copy(update={"uri": f"runs:/{ctx.run_dir}/{r.fingerprint}"}) for r in refs]
 
-    monkeypatch.setattr(ray_launch, "share_refs", share)
-    monkeypatch.setattr(ray_launch, "_published", {})
+    monkeypatch.setattr(ray_cluster, "share_refs", share)
+    monkeypatch.setattr(ray_cluster, "_published", {})
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     rows = Ref(path=str(tmp_path / "eval.jsonl"), fingerprint="f" * 64)
     here, there = (CTX.model_copy(update={"run_dir": str(tmp_path / d)}) for d in ("a", "b"))
-    first = ray_launch.shared_inputs({"held_out": rows, "ctx": here}, here, "eval-sft")
-    again = ray_launch.shared_inputs({"held_out": rows, "ctx": here}, here, "eval-sft-one_digit")
-    other = ray_launch.shared_inputs({"held_out": rows, "ctx": there}, there, "eval-sft")
+    first = ray_cluster.shared_inputs({"held_out": rows, "ctx": here}, here, "eval-sft")
+    again = ray_cluster.shared_inputs({"held_out": rows, "ctx": here}, here, "eval-sft-one_digit")
+    other = ray_cluster.shared_inputs({"held_out": rows, "ctx": there}, there, "eval-sft")
     assert first["held_out"].uri == again["held_out"].uri == f"runs:/{here.run_dir}/{'f' * 64}"
     assert other["held_out"].uri == f"runs:/{there.run_dir}/{'f' * 64}"  # another store's copy, not this one's
     assert published == [f"{here.run_dir}:{rows.path}", f"{there.run_dir}:{rows.path}"]
     # a node that lacks an input fetches it under the run's folder, not under its own working directory
     monkeypatch.chdir(tmp_path)
     relative = CTX.model_copy(update={"run_dir": "a"})
-    sent = ray_launch.shared_inputs({"held_out": rows, "ctx": relative}, relative, "eval-sft")
+    sent = ray_cluster.shared_inputs({"held_out": rows, "ctx": relative}, relative, "eval-sft")
     assert sent["ctx"].run_dir == str(tmp_path / "a")
     assert sent["held_out"].uri == first["held_out"].uri  # the same store (runs under tmp_path/a): not published again

@@ -15,40 +15,25 @@ that may sit on other machines (tasks/core/ray_launch.py).
 from __future__ import annotations
 
 import functools
-import importlib
-import inspect
 import json
 import os
 import socket
 import subprocess
 import sys
 import tempfile
-import typing
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, TypeAdapter
-from pydantic_core import to_jsonable_python
-
 from grpo_pipeline.configs.schema import ConfigError
 from grpo_pipeline.tasks.core.common import Checkpoint, logger
+from grpo_pipeline.tasks.core.jobs import LAUNCH_ID_ENV, in_launched_process, is_main_process, job_spec, rebuild_job
+from grpo_pipeline.tasks.core.ray_launch import ray_launch
 from grpo_pipeline.tasks.core.runtime import setup
 from grpo_pipeline.tasks.core.stage import RunContext, context_of
 
-RESULT_ENV = "GRPO_PIPELINE_LAUNCH_RESULT"
-LAUNCH_ID_ENV = "GRPO_PIPELINE_LAUNCH_ID"  # one per launch: names what its processes write together
-
-
-def in_launched_process() -> bool:
-    """True inside a process that `launch` started (it must train, never launch again)."""
-    return LAUNCH_ID_ENV in os.environ
-
-
-def is_main_process() -> bool:
-    """True in the pipeline's own process and in process 0 of a launch."""
-    return int(os.environ.get("RANK", "0")) == 0
+RESULT_ENV = "GRPO_PIPELINE_LAUNCH_RESULT"  # where process 0 of a launch writes the stage's Checkpoint
 
 
 def launched(fn: Callable[..., Checkpoint]) -> Callable[..., Checkpoint]:
@@ -60,8 +45,6 @@ def launched(fn: Callable[..., Checkpoint]) -> Callable[..., Checkpoint]:
         if in_launched_process() or (ctx.backend == "accelerate" and ctx.num_processes <= 1):
             return fn(**params)
         if ctx.backend == "ray":  # a Ray Train job, on as many machines as Ray places its workers on
-            from grpo_pipeline.tasks.core.ray_launch import ray_launch
-
             return ray_launch(fn, params, ctx)
         return launch(fn, {k: v for k, v in params.items() if k != "out"}, ctx)
 
@@ -124,30 +107,6 @@ def launch(fn: Callable[..., Checkpoint], params: dict[str, Any], ctx: RunContex
                 f"{done.returncode}; its processes' errors are in the log above"
             )
         return Checkpoint.model_validate_json(result.read_text())
-
-
-def job_spec(fn: Callable[..., Checkpoint], params: dict[str, Any]) -> dict[str, Any]:
-    """The job file's content: which stage to call, and its arguments as JSON (`job_params`)."""
-    return {"module": fn.__module__, "name": fn.__name__, "params": job_params(params)}
-
-
-def job_params(params: dict[str, Any]) -> dict[str, Any]:
-    """The stage's arguments as JSON. A config section carries only the fields that were set, so that the launched
-    process rebuilds it as the user wrote it (a full dump rebuilds an equal config too: no validator depends on
-    which fields were set, tests/test_round_trips.py)."""
-    return {
-        name: value.model_dump(mode="json", exclude_unset=True)
-        if isinstance(value, BaseModel)
-        else to_jsonable_python(value)
-        for name, value in params.items()
-    }
-
-
-def rebuild_job(job: dict[str, Any]) -> tuple[Callable[..., Checkpoint], dict[str, Any]]:
-    """The stage a job names and its arguments, rebuilt from their type hints."""
-    stage = getattr(importlib.import_module(job["module"]), job["name"])
-    hints = typing.get_type_hints(inspect.unwrap(stage))  # the stage's own function, under @stage and @launched
-    return stage, {name: TypeAdapter(hints[name]).validate_python(value) for name, value in job["params"].items()}
 
 
 def run_job(job_path: Path) -> None:

@@ -22,37 +22,23 @@ Every worker writes into the output folder the pipeline computed, so the stage k
 from __future__ import annotations
 
 import inspect
-import math
 import os
-import sys
-import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from grpo_pipeline.configs.schema import ConfigError
-from grpo_pipeline.tasks.core.common import Checkpoint, Ref, logger
-from grpo_pipeline.tasks.core.launch import LAUNCH_ID_ENV, is_main_process, job_spec, rebuild_job
-from grpo_pipeline.tasks.core.publish import (
-    hand_over,
-    materialize,
-    publish,
-    refs_in,
-    replace_refs,
-    share_refs,
-    take_over,
-)
-from grpo_pipeline.tasks.core.stage import RunContext, context_of
-from grpo_pipeline.tasks.core.tracking import configure_mlflow, tracking_uri
-from grpo_pipeline.tasks.training.checkpoint_mirror import MIRROR_ENV
+from grpo_pipeline.tasks.core.common import Checkpoint, logger
+from grpo_pipeline.tasks.core.jobs import LAUNCH_ID_ENV, is_main_process, job_spec
+from grpo_pipeline.tasks.core.publish import hand_over, publish, take_over
+from grpo_pipeline.tasks.core.ray_cluster import connect, shared_inputs, start_worker, where, worker_env
+from grpo_pipeline.tasks.core.stage import RunContext
+from grpo_pipeline.tasks.core.tracking import configure_mlflow
 
-# What the workers need from the pipeline's environment when they run elsewhere: where MLflow is and how to reach it,
-# the project's own settings, the hub's cache and credentials.
-FORWARDED_PREFIXES = ("MLFLOW_", "GRPO_PIPELINE_", "HF_", "OMP_NUM_THREADS")
-_connecting = threading.Lock()
-_published: dict[tuple[str, str, str], Ref] = {}  # (MLflow store, path, fingerprint) -> the Ref with its uri
-_publishing = threading.Lock()
+# Set in the workers of a Ray Train job: their periodic checkpoints travel through MLflow
+# (tasks/training/checkpoint_mirror.py), since the workers share no disk with each other or the pipeline.
+MIRROR_ENV = "GRPO_PIPELINE_CHECKPOINTS_IN_MLFLOW"
 
 
 def ray_launch(fn: Callable[..., Checkpoint], params: dict[str, Any], ctx: RunContext) -> Checkpoint:
@@ -95,22 +81,6 @@ def ray_launch(fn: Callable[..., Checkpoint], params: dict[str, Any], ctx: RunCo
     return take_over(handoff, ctx.run_dir, ctx.experiment)
 
 
-def shared_inputs(params: dict[str, Any], ctx: RunContext, label: str) -> dict[str, Any]:
-    """The stage's arguments with every input given a `uri` in MLflow, each published once per process and store
-    (a model's evaluation suites, sent at once, share its policy), and the run directory absolute, so that a worker
-    on any machine finds them."""
-    store = tracking_uri(ctx.run_dir)
-    with _publishing:
-        pending = [r for r in refs_in(params) if (store, r.path, r.fingerprint) not in _published]
-        for ref, shared in zip(pending, share_refs(pending, ctx, label), strict=True):
-            _published[(store, ref.path, ref.fingerprint)] = shared
-    shared = replace_refs(params, lambda ref: _published[(store, ref.path, ref.fingerprint)])
-    absolute = ctx.model_copy(update={"run_dir": str(Path(ctx.run_dir).resolve())})
-    if "ctx" in shared:
-        return {**shared, "ctx": absolute}
-    return {**shared, "spec": shared["spec"].model_copy(update={"ctx": absolute})}
-
-
 def scaling_config(ctx: RunContext) -> Any:
     """Ray Train's ScalingConfig for the run: its workers, each reserving `resources_per_worker` (a GPU among them
     makes the workers train on it)."""
@@ -122,64 +92,13 @@ def scaling_config(ctx: RunContext) -> Any:
     )
 
 
-def worker_env(ctx: RunContext) -> dict[str, str]:
-    """The environment each worker gets: MLflow's address as this process sees it (a SQLite store under the run
-    directory, made absolute, or the tracking server), the import path, the settings in FORWARDED_PREFIXES, and on CPU
-    the flag that makes accelerate train data parallel over gloo."""
-    env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_PREFIXES)}
-    env["MLFLOW_TRACKING_URI"] = tracking_uri(ctx.run_dir)
-    # the user's reward modules beside the recipe import as they do here (on machines that have them at that path)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    if not (ctx.resources_per_worker or {}).get("GPU"):
-        # as for torchrun on CPU (launch.py): accelerate sets up DDP over gloo only when told the run is on CPU
-        env["ACCELERATE_USE_CPU"] = "true"
-    return env
-
-
-def where(ctx: RunContext) -> str:
-    return f"cluster at {ctx.ray_address}" if ctx.ray_address else "a local Ray cluster"
-
-
-def connect(ctx: RunContext) -> None:
-    """Connect to the cluster at `ctx.ray_address`, or start a local one with room for every worker; once per
-    process (a connection already made is kept, the run's later stages reuse it)."""
-    import ray
-
-    with _connecting:  # the suites' evaluations are sent from several threads at once
-        if not ray.is_initialized():
-            _init(ctx)
-
-
-def _init(ctx: RunContext) -> None:
-    import ray
-
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage report leaves the machine unless asked for
-    if ctx.ray_address:
-        uri = tracking_uri(ctx.run_dir)
-        if not uri.startswith(("http://", "https://")):
-            logger.warning(
-                "distributed.ray_address: workers log to MLflow at %s, a store on this machine's disk; workers on "
-                "other machines need a tracking server: start one (grpo-pipeline serve) and set MLFLOW_TRACKING_URI",
-                uri,
-            )
-        ray.init(address=ctx.ray_address)
-        return
-    cpus = ctx.num_processes * (ctx.resources_per_worker or {"CPU": 1.0}).get("CPU", 0)
-    ray.init(num_cpus=max(os.cpu_count() or 1, math.ceil(cpus)), include_dashboard=False)
-
-
 def train_worker(job: dict[str, Any]) -> None:
-    """One Ray Train worker: rebuild the stage's arguments, fetch the inputs this machine lacks, train into the
-    pipeline's output folder, and (worker 0) publish the checkpoint and hand it over to the pipeline."""
-    from grpo_pipeline.tasks.core.runtime import add_import_paths, setup
-
-    setup()
+    """One Ray Train worker: start as every Ray worker does (tasks/core/ray_cluster.py: the stage's arguments rebuilt,
+    the inputs this machine lacks fetched), train into the pipeline's output folder, and (worker 0) publish the
+    checkpoint and hand it over to the pipeline."""
     os.environ[LAUNCH_ID_ENV] = job["launch_id"]  # the stage trains here, never launches again
     os.environ[MIRROR_ENV] = "1"  # checkpoints travel through MLflow
-    stage, params = rebuild_job(job)
-    ctx = context_of(params)
-    add_import_paths(getattr(params.get("spec"), "code_dir", None))  # the recipe's own modules, as the pool does
-    params = replace_refs(params, lambda ref: materialize(ref, ctx.run_dir))  # fetched where not on this machine
+    stage, params, ctx = start_worker(job)
     policy = inspect.unwrap(stage)(**params, out=Path(job["out"]))  # the pipeline's folder, not one keyed here
     if is_main_process():
         hand_over(publish(policy, ctx.run_dir, ctx.experiment), job["handoff"], ctx.run_dir)

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from grpo_pipeline.tasks.core.common import logger
-from grpo_pipeline.tasks.core.launch import job_spec, rebuild_job
-from grpo_pipeline.tasks.core.publish import materialize, replace_refs
+from grpo_pipeline.tasks.core.jobs import job_spec
+from grpo_pipeline.tasks.core.ray_cluster import connect, shared_inputs, start_worker, where, worker_env
 from grpo_pipeline.tasks.core.stage import RunContext, context_of
 
 R = TypeVar("R")
@@ -54,8 +54,6 @@ def ray_task(fn: Callable[..., R], params: dict[str, Any], ctx: RunContext) -> R
     """Run the stage `fn` as one Ray task and write the files it made into `params["out"]` here."""
     import ray
 
-    from grpo_pipeline.tasks.core.ray_launch import connect, shared_inputs, where, worker_env
-
     out = Path(params["out"]).resolve()
     inputs = shared_inputs({k: v for k, v in params.items() if k != "out"}, ctx, out.parent.name)
     job = {**job_spec(fn, inputs), "out": str(out)}
@@ -82,17 +80,13 @@ def ray_task(fn: Callable[..., R], params: dict[str, Any], ctx: RunContext) -> R
 
 
 def run_task(job: dict[str, Any]) -> tuple[Any, dict[str, bytes]]:
-    """Inside the Ray task: rebuild the stage's arguments, fetch the inputs this node lacks, run the stage into the
-    pipeline's output folder, and return its result with the folder's files."""
+    """Inside the Ray task: start as every Ray worker does (tasks/core/ray_cluster.py: the stage's arguments rebuilt,
+    the inputs this node lacks fetched), run the stage into the pipeline's output folder, and return its result with
+    the folder's files."""
     import ray
 
-    from grpo_pipeline.tasks.core.runtime import setup
-
-    setup()
     started = time.time()
-    stage, params = rebuild_job(job)
-    ctx = context_of(params)
-    params = replace_refs(params, lambda ref: materialize(ref, ctx.run_dir))
+    stage, params, _ = start_worker(job)
     out = Path(job["out"])
     result = inspect.unwrap(stage)(**params, out=out)
     placement = {"node": ray.get_runtime_context().get_node_id(), "started": started, "finished": time.time()}

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpo_pipeline.tasks.core.common import atomic_dir, logger
+from grpo_pipeline.tasks.core.ray_launch import MIRROR_ENV
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.core.tracking import configure_mlflow
 from grpo_pipeline.tasks.training.checkpoints import problem, seal_on_save
@@ -28,7 +29,6 @@ from grpo_pipeline.tasks.training.consensus import agree, gather, rank
 if TYPE_CHECKING:  # transformers loads when a stage trains, not when the flow is imported
     from transformers import TrainerCallback
 
-MIRROR_ENV = "GRPO_PIPELINE_CHECKPOINTS_IN_MLFLOW"  # set in the workers of a Ray Train job
 RESUME_KEY_TAG = "grpo_pipeline.resume_key"
 RESUME_STEP_TAG = "grpo_pipeline.resume_step"
 FOLDER = "resume"

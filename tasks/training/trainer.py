@@ -27,7 +27,7 @@ from grpo_pipeline.tasks.core.common import (
     logger,
     staging_path,
 )
-from grpo_pipeline.tasks.core.launch import LAUNCH_ID_ENV, is_main_process
+from grpo_pipeline.tasks.core.jobs import LAUNCH_ID_ENV, is_main_process
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.core.tracking import mlflow_run
 from grpo_pipeline.tasks.training.checkpoint_mirror import (
