@@ -90,9 +90,18 @@ test-ray: $(VENV)/.ray-installed
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not integration" $(PYTEST_ARGS)
 
+# lint-imports checks the layering contracts in pyproject.toml ([tool.importlinter]). It finds a package's modules by
+# walking the package's one folder, while `grpo_pipeline` spans the folders pyproject's package-dir maps into it; so
+# it reads them through a tree of links in the installed shape (build/import-tree), from inside that tree.
+IMPORT_TREE := build/import-tree
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	rm -rf $(IMPORT_TREE) && mkdir -p $(IMPORT_TREE)/grpo_pipeline
+	ln -s $(CURDIR)/grpo_pipeline/*.py $(IMPORT_TREE)/grpo_pipeline/
+	$(BIN)/python -c 'import tomllib; [print(k.split(".", 1)[1], v) for k, v in tomllib.load(open("pyproject.toml", "rb"))["tool"]["setuptools"]["package-dir"].items()]' \
+	  | while read name folder; do ln -s $(CURDIR)/$$folder $(IMPORT_TREE)/grpo_pipeline/$$name; done
+	cd $(IMPORT_TREE) && $(abspath $(BIN))/lint-imports --config $(CURDIR)/pyproject.toml --no-cache --no-logo
 
 clean:
 	rm -rf runs .prefect .grpo-stack
