@@ -21,6 +21,10 @@ from grpo_pipeline.rewards_cli import rewards_app
 from grpo_pipeline.serve_model import serve_model_command
 from grpo_pipeline.tasks.core.runtime import setup, source_roots
 
+# The commands import the pipeline's modules inside their bodies, not here: `--help` and the quick commands start
+# without loading Prefect, torch or MLflow, and `setup()` applies Prefect's import-time settings first
+# (tasks/core/runtime.py).
+
 app = typer.Typer(
     help="GRPO post-training as a Prefect pipeline: data -> validation -> SFT -> GRPO rounds -> eval -> MLflow.",
     no_args_is_help=True,

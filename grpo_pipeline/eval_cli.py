@@ -21,6 +21,10 @@ from rich.table import Table
 from grpo_pipeline.configs.schema import ConfigError, EvalConfig, load_config
 from grpo_pipeline.tasks.core.runtime import setup
 
+# The commands import the pipeline's modules inside their bodies, not here: `--help` and the quick commands start
+# without loading Prefect, torch or MLflow, and `setup()` applies Prefect's import-time settings first
+# (tasks/core/runtime.py).
+
 if TYPE_CHECKING:
     from grpo_pipeline.tasks.core.common import Ref
     from grpo_pipeline.tasks.scoring.evaluation import EvalResult

@@ -23,6 +23,10 @@ from typing import Any
 from grpo_pipeline.configs.algorithm import PolicyLossConfig, vllm_corrections_set
 from grpo_pipeline.configs.schema import ConfigError, PipelineConfig, RehearsalConfig
 
+# The commands import the pipeline's modules inside their bodies, not here: `--help` and the quick commands start
+# without loading Prefect, torch or MLflow, and `setup()` applies Prefect's import-time settings first
+# (tasks/core/runtime.py).
+
 SUFFIX = "-rehearsal"
 # The rehearsal's scale: enough rows for a GRPO batch, a probe and a gate that compares (it needs 10 items); steps
 # enough to probe and save twice; completions long enough to hold a tag or a line of code.

@@ -14,6 +14,10 @@ from rich.table import Table
 from grpo_pipeline.configs.schema import ConfigError, load_config
 from grpo_pipeline.tasks.core.runtime import setup
 
+# The commands import the pipeline's modules inside their bodies, not here: `--help` and the quick commands start
+# without loading Prefect, torch or MLflow, and `setup()` applies Prefect's import-time settings first
+# (tasks/core/runtime.py).
+
 if TYPE_CHECKING:  # the reward modules import their libraries; load them only when a command needs them
     from grpo_pipeline.rewards.registry import RewardFn
 

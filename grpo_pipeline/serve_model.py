@@ -18,6 +18,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+# The commands import the pipeline's modules inside their bodies, not here: `--help` and the quick commands start
+# without loading Prefect, torch or MLflow, and `setup()` applies Prefect's import-time settings first
+# (tasks/core/runtime.py).
+
 console = Console(stderr=True)
 
 

@@ -34,11 +34,13 @@ from grpo_pipeline.tasks.core.chat import conversational_dataset
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref, logger
 from grpo_pipeline.tasks.core.launch import launched
 from grpo_pipeline.tasks.core.stage import RunContext, stage, user_code
-from grpo_pipeline.tasks.training.health import RoundHealth
+from grpo_pipeline.tasks.training.health import RoundHealth, health_callback
 from grpo_pipeline.tasks.training.trainer import adapter_args, load_split, train_policy, vllm_available
 from grpo_pipeline.tasks.training.vllm_rollouts import prepare_vllm_rollouts, rollout_engine
 
-if TYPE_CHECKING:  # the training libraries load when a round runs, not when a cached run imports the flow
+# The training libraries load when a round runs, not when a cached run imports the flow: the modules that import them
+# at their top (tasks/training/probe.py, agents/trainer_args.py: transformers) are imported inside the functions.
+if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
@@ -143,7 +145,6 @@ def round_callbacks(
     `cfg.probe_problems`; it keeps the best-probed step with `cfg.keep: best_probe` and says so in `notes`) and the
     training-health watch (with `health`)."""
     from grpo_pipeline.agents.text_tools import eval_tool_loop
-    from grpo_pipeline.tasks.training.health import health_callback
     from grpo_pipeline.tasks.training.probe import HeldOutAccuracyProbe
 
     callbacks: list[TrainerCallback] = []

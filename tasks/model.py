@@ -45,7 +45,7 @@ def pin_registered(cfg: ModelConfig, run_dir: str) -> ModelConfig:
 def prepare_base_model(cfg: ModelConfig, run_dir: str, seed: int, out: Path) -> Checkpoint:
     """A Checkpoint for the configured base model, building the tiny model into `out` when `base` is 'tiny'."""
     if cfg.base == "tiny":
-        from grpo_pipeline.tasks.training.tiny_model import build_tiny_model
+        from grpo_pipeline.tasks.training.tiny_model import build_tiny_model  # torch and transformers: when built
 
         build_tiny_model(cfg.tiny, out, seed)
         logger.info("built the embedded tiny model in %s", out)

@@ -33,9 +33,10 @@ from grpo_pipeline.configs.schema import DataConfig, EvalConfig, GRPOStageConfig
 from grpo_pipeline.rewards import build_reward
 from grpo_pipeline.rewards.registry import RewardError
 from grpo_pipeline.tasks.core.chat import ChatTemplateError, as_completion, render_prompt
-from grpo_pipeline.tasks.core.common import Checkpoint, DatasetRefs, logger
+from grpo_pipeline.tasks.core.common import Checkpoint, DatasetRefs, load_tokenizer, logger
 from grpo_pipeline.tasks.core.hub import check_base_path, dataset_problem, looks_local, model_problem
 from grpo_pipeline.tasks.core.stage import stage, user_code
+from grpo_pipeline.tasks.scoring.items import reward_columns
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
@@ -225,8 +226,6 @@ def check_inputs(
 def reward_problems(rows: pd.DataFrame, entries: Sequence[tuple[str, str, dict[str, Any]]]) -> list[str]:
     """Call each reward as training does, on `rows` with their own SFT completions as the completions: a reward
     that raises, returns the wrong number of scores or a non-number (None is allowed: "not applicable") is named."""
-    from grpo_pipeline.tasks.scoring.items import reward_columns
-
     prompts, columns = reward_columns(rows, 1)
     completions = [as_completion(p, c) for p, c in zip(prompts, rows["completion"], strict=True)]  # chat: messages
     where = f"on the first {len(rows)} training rows, with their SFT completions as completions"
@@ -270,8 +269,6 @@ def context_problems(
     room for what follows them (rollouts, evaluation, the SFT target). Returns the problems, the context and the
     longest prompt in tokens."""
     from transformers import AutoConfig
-
-    from grpo_pipeline.tasks.core.common import load_tokenizer
 
     name = base.parent or base.path
     try:

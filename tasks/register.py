@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpo_pipeline.configs.schema import RegistryConfig, split_metric
-from grpo_pipeline.tasks.core.common import Checkpoint, logger
+from grpo_pipeline.tasks.core.common import Checkpoint, load_tokenizer, logger
 from grpo_pipeline.tasks.core.stage import RunContext, stage
 from grpo_pipeline.tasks.core.tracking import (
     TrackingUnavailable,
@@ -230,7 +230,6 @@ def calls_in_text(path: Path, config_yaml: str) -> bool:
     if not trained_tools(config_yaml):
         return False
     from grpo_pipeline.agents.text_tools import needs_text_loop
-    from grpo_pipeline.tasks.core.common import load_tokenizer
 
     return needs_text_loop(load_tokenizer(str(path)))
 

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from grpo_pipeline.tasks.core.common import Checkpoint
+from grpo_pipeline.tasks.core.common import Checkpoint, load_tokenizer
 
 if TYPE_CHECKING:  # mlflow loads when a version is registered, not when the flow is imported
     import pandas as pd
@@ -87,8 +87,6 @@ def log_transformers_model(path: Path, card: str, max_new_tokens: int) -> ModelI
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, DataType, ParamSchema, ParamSpec, Schema
     from transformers import AutoModelForCausalLM
-
-    from grpo_pipeline.tasks.core.common import load_tokenizer
 
     signature = ModelSignature(
         inputs=Schema([ColSpec(DataType.string)]),

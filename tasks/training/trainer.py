@@ -30,6 +30,7 @@ from grpo_pipeline.tasks.core.common import (
 from grpo_pipeline.tasks.core.jobs import LAUNCH_ID_ENV, is_main_process
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.core.tracking import mlflow_run
+from grpo_pipeline.tasks.scoring.vllm_generation import vllm_installed
 from grpo_pipeline.tasks.training.checkpoint_mirror import (
     RESUME_KEY_TAG,
     forget_mirrored,
@@ -61,8 +62,6 @@ def has_cuda() -> bool:
 
 
 def vllm_available() -> bool:
-    from grpo_pipeline.tasks.scoring.vllm_generation import vllm_installed
-
     return has_cuda() and vllm_installed()
 
 
@@ -247,7 +246,7 @@ def train_policy(
     there (a rerun after a crash, a Prefect retry) resumes from the newest, in the same MLflow run; see
     tasks/training/checkpoints.py. The model appears in `out` complete or not at all, and the resume folder then goes.
     """
-    from grpo_pipeline.tasks.training.progress import PrefectProgress, console_progress
+    from grpo_pipeline.tasks.training.progress import PrefectProgress, console_progress  # transformers: when training
 
     main = is_main_process()  # in a multi-process launch (tasks/core/launch.py), process 0 logs and saves
     tokenizer = load_tokenizer(start.path)

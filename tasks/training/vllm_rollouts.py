@@ -15,14 +15,13 @@ from typing import Any
 
 from grpo_pipeline.configs.schema import ConfigError, GRPOStageConfig
 from grpo_pipeline.tasks.scoring.vllm_generation import vllm_installed
+from grpo_pipeline.tasks.training.trainer import has_cuda
 
 
 def check_vllm_runtime(grpo: GRPOStageConfig) -> None:
     """Refuse, before anything runs, GRPO rollouts through vLLM where they cannot work: without the vllm package,
     or a `trl vllm-serve` server without CUDA (it receives the weights over NCCL). Colocated rollouts run on vLLM's
     CPU build too (slower than transformers' generate there, so `auto` takes vLLM only where CUDA is)."""
-    from grpo_pipeline.tasks.training.trainer import has_cuda
-
     if grpo.use_vllm is not True:
         return
     if grpo.vllm_mode == "server" and not has_cuda():
@@ -40,8 +39,6 @@ def check_vllm_runtime(grpo: GRPOStageConfig) -> None:
 
 def rollout_engine(use_vllm: bool, vllm_mode: str) -> str:
     """What generates the round's completions, in words (the round's meta records it)."""
-    from grpo_pipeline.tasks.training.trainer import has_cuda
-
     if not use_vllm:
         return "transformers generate"
     if vllm_mode == "server":
@@ -52,8 +49,6 @@ def rollout_engine(use_vllm: bool, vllm_mode: str) -> str:
 def prepare_vllm_rollouts(use_vllm: bool) -> None:
     """Before TRL builds a colocated engine on CPU: its linear layers compute with torch's linear on their live
     parameters, so that each step's weights load in place (this module's docstring says why)."""
-    from grpo_pipeline.tasks.training.trainer import has_cuda
-
     if not use_vllm or has_cuda():
         return
     from vllm.model_executor.layers import utils
