@@ -12,6 +12,15 @@ what the pipeline adds around it:
   - the trainer's arguments: `agent_args(cfg)` for GRPOConfig, `trainer_agent_kwargs(cfg, tokenizer)` for
     GRPOTrainer, and `tool_code(cfg)`, the fingerprints of the user's tool modules for the stage keys.
 
+    agents/
+      calculator.py     the `calculator` tool: exact arithmetic, parsed with `ast`, never evaluated
+      python_tool.py    the `python` tool: the model's code in the code reward's sandbox
+      registry.py       `grpo.tools` and `grpo.environment` resolved and checked; user tools wrapped in limits
+      trainer_args.py   what a GRPO round hands TRL for tool use (GRPOConfig fields, GRPOTrainer arguments)
+      text_tools.py     tool calls written as plain text, for a model whose chat template cannot carry them
+      chat_tools.py     tool episodes through the chat template (evaluation, the probe, the difficulty filter)
+      demonstration.py  a tool episode whose first turn is a scripted call (`grpo-pipeline rehearse`)
+
 Threat model, in short: a tool's arguments are written by the policy, which is rewarded for whatever works, so they
 are hostile input. The calculator never evaluates text; the python tool runs code only inside the sandbox; user tools
 run in the training process (they are the user's own code, trusted as user rewards are) under a time and size limit.

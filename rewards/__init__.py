@@ -9,8 +9,9 @@ Rewards are built from config entries `{name, weight, params}`: `name` is a regi
       registry.py     the registry, building rewards from config, per-call time limits
       arith.py, math.py, format.py, length.py, judge.py   built-in rewards
       code.py         code_tests: programs run against their tests in the sandbox
+      code_asserts.py assert lists (MBPP) whose function under test is named like a builtin
       code_formats/   test cases of public code datasets (APPS/TACO, CodeContests, LiveCodeBench, open-r1)
-      sandbox         the bubblewrap sandbox code runs in (host side)
+      sandbox/        the bubblewrap sandbox code runs in (host side)
       harness/        the sandbox's fork server and test runners (standard library only; joined into one source)
 """
 

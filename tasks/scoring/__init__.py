@@ -8,4 +8,7 @@ scoring/
   formats.py     benchmark formats: detection, correctness reward, loading
   adapters.py    each format's rows mapped to the eval columns
   curves.py      the GRPO learning-curve plot
+  tool_use.py    a tool-using policy's episodes in words and tables (run summary, model card)
+  vllm_generation.py  evaluation's completions through vLLM
+  vllm_episodes.py    tool episodes through vLLM
 """
