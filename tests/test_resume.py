@@ -216,7 +216,8 @@ def test_a_resumed_grpo_round_compares_with_its_true_start(tmp_path, monkeypatch
             round_from_the_start(run_dir)
     (folder,) = run_dir.glob("grpo-round1/*.resume")
     checkpoint = folder / f"checkpoint-{2 * GRPO_EVERY}"
-    assert (checkpoint / START_DIR / "start.json").is_file() and problem(checkpoint) is None  # sealed with it
+    sealed = json.loads((checkpoint / SEAL).read_text())["files"]
+    assert {f"{START_DIR}/start.json", f"{START_DIR}/weights-rank0.pt"} <= set(sealed) and problem(checkpoint) is None
     for other in folder.iterdir():  # a rerun elsewhere: the disk holds only the checkpoint (fetched from MLflow)
         if other != checkpoint:
             shutil.rmtree(other) if other.is_dir() else other.unlink()
