@@ -69,6 +69,15 @@ class DifficultyFilterConfig(Section):
         description="Score at most this many training prompts (a seeded random subset, for speed); the round trains "
         "only on the kept ones among them. None scores them all.",
     )
+    # Unkeyed: it decides what the flow does with the filter's result, not what the filter computes.
+    on_too_few: Literal["end_rounds", "fail"] = Field(
+        default="end_rounds",
+        json_schema_extra=UNKEYED,
+        description="When fewer prompts than a GRPO step takes (grpo.prompts_per_step) pass the filter (the policy "
+        "solves nearly every prompt every time, or never): 'end_rounds' ends the rounds there with a note that says "
+        "why, as a saturated probe does, and the rounds before it stand; 'fail' fails the run with "
+        "DifficultyFilterError, which names the settings that would keep more prompts.",
+    )
 
     @model_validator(mode="after")
     def _bounds_leave_a_rate(self) -> DifficultyFilterConfig:

@@ -35,7 +35,13 @@ from grpo_pipeline.tasks.core.tracking import unreachable
 from grpo_pipeline.tasks.data import prepare_data as _prepare_data
 from grpo_pipeline.tasks.decontaminate import Decontamination
 from grpo_pipeline.tasks.decontaminate import decontaminate as _decontaminate
-from grpo_pipeline.tasks.difficulty import Rollouts, filters_round
+from grpo_pipeline.tasks.difficulty import (
+    DifficultyFilterError,
+    DifficultyResult,
+    Rollouts,
+    check_enough,
+    filters_round,
+)
 from grpo_pipeline.tasks.difficulty import filter_by_difficulty as _filter_by_difficulty
 from grpo_pipeline.tasks.evaluate import evaluate as _evaluate
 from grpo_pipeline.tasks.grpo import GRPORound
@@ -61,8 +67,12 @@ from grpo_pipeline.tasks.validate import validate_data as _validate_data
 STAGE_RETRIES = 2  # 5 s apart
 REGISTER_RETRIES = 6  # with exponential backoff (see `register` below)
 # Bad input: the user's to fix, reported as one message without a traceback (grpo_pipeline/cli.py).
-# An SFT that has not learned its data, with monitors.sft_not_learned=error, stops the run the same way.
-BAD_INPUT = (ConfigError, DataError, DataValidationError, RewardError, PreflightError, SFTNotLearnedError)
+# An SFT that has not learned its data, with monitors.sft_not_learned=error, stops the run the same way, as does a
+# difficulty filter that leaves a round too few prompts with grpo.difficulty_filter.on_too_few=fail.
+BAD_INPUT = (
+    ConfigError, DataError, DataValidationError, RewardError, PreflightError, SFTNotLearnedError,
+    DifficultyFilterError,
+)  # fmt: skip
 # Bad input is not retried: a second try would fail the same way and only delay the error.
 # A round stopped by a training-health alarm (monitors.fail_fast, NaN weights) would train into the same alarm again.
 NOT_RETRIED = (*BAD_INPUT, TrainingHealthError, FileNotFoundError, ValueError, TypeError)
@@ -267,13 +277,18 @@ def grpo_rounds(
 ) -> tuple[list[Round], str]:
     """The GRPO rounds from `policy` (scored `scores`), each registered as the registry says, and why they ended
     early (empty when grpo.rounds ran out). grpo.rounds is a maximum: no round starts after one that returned its
-    start or saturated its probe."""
+    start or saturated its probe, nor when the difficulty filter leaves fewer prompts than a step takes (unless
+    grpo.difficulty_filter.on_too_few fails the run then)."""
     rounds: list[Round] = []
     stopped = ""
     for r in range(1, cfg.grpo.rounds + 1):
         start, start_scores = (rounds[-1].policy, rounds[-1].suites) if rounds else (policy, scores)
+        kept = round_prompts(run, cfg, r, start, data)
+        if kept is not None and (why := check_enough(kept, cfg.grpo.difficulty_filter)):
+            stopped = f"{why} ({r - 1} of at most {cfg.grpo.rounds} rounds ran)"
+            break
         step = grpo_round(run, cfg, r, start=start, start_scores=start_scores, data=data, suites=suites,
-                          model_cfg=model_cfg)  # fmt: skip
+                          model_cfg=model_cfg, kept=kept)  # fmt: skip
         rounds.append(step)
         if not step.returned_start and (cfg.registry.register_each_round or r == cfg.grpo.rounds):
             rounds[-1] = release.register(step, rounds)
@@ -358,6 +373,20 @@ def sft_bar(cfg: PipelineConfig, data: DatasetRefs) -> dict[str, Any]:
             **({"environment": cfg.eval.environment} if cfg.eval.environment else {})}  # fmt: skip
 
 
+def round_prompts(
+    run: Stages, cfg: PipelineConfig, r: int, start: Checkpoint, data: DatasetRefs
+) -> DifficultyResult | None:
+    """The difficulty filter before round `r`, where it filters that round: the prompts `start` sometimes, not
+    always, solves."""
+    if not filters_round(cfg.grpo.difficulty_filter, r):
+        return None
+    return run(
+        f"difficulty_filter-r{r}", difficulty_filter,
+        policy=start, train=data.train, cfg=cfg.grpo.difficulty_filter, rollouts=Rollouts.of(cfg),
+        ctx=RunContext.of(cfg), label=f"r{r}", min_kept=cfg.grpo.prompts_per_step,
+    )  # fmt: skip
+
+
 def grpo_round(
     run: Stages,
     cfg: PipelineConfig,
@@ -368,17 +397,12 @@ def grpo_round(
     data: DatasetRefs,
     suites: dict[str, Ref],
     model_cfg: ModelConfig,
+    kept: DifficultyResult | None = None,
 ) -> Round:
-    """One GRPO round from `start`: (difficulty filter) -> grpo_train -> evaluate. A round that returned its start
-    unchanged is not evaluated again: its scores are its start's (`start_scores`)."""
-    ctx, train, kept = RunContext.of(cfg), data.train, None
-    if filters_round(cfg.grpo.difficulty_filter, r):  # train on the prompts `start` sometimes, not always, solves
-        kept = run(
-            f"difficulty_filter-r{r}", difficulty_filter,
-            policy=start, train=data.train, cfg=cfg.grpo.difficulty_filter, rollouts=Rollouts.of(cfg), ctx=ctx,
-            label=f"r{r}", min_kept=cfg.grpo.prompts_per_step,
-        )  # fmt: skip
-        train = kept.train
+    """One GRPO round from `start`: grpo_train on the training split (or on the difficulty filter's `kept` prompts)
+    -> evaluate. A round that returned its start unchanged is not evaluated again: its scores are its start's
+    (`start_scores`)."""
+    ctx, train = RunContext.of(cfg), data.train if kept is None else kept.train
     # Each round starts from the previous policy; TRL builds the reference model from it (reset per round).
     spec = GRPORound(
         start=start, train=train, cfg=cfg.grpo, model_cfg=model_cfg, round_index=r, ctx=ctx, held_out=data.probe,

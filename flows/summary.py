@@ -51,15 +51,16 @@ class StageRecord(BaseModel):
 
 
 class RoundRow(BaseModel):
-    """One row of the rounds table: a model's gating metric and its change against the model before it, with the
-    paired bootstrap 95% CI over the same eval items (tasks/scoring/metrics.py)."""
+    """One row of the rounds table: a model's gating metric over the items it scored and its change against the model
+    before it, with the paired bootstrap 95% CI over the eval items both scored (tasks/scoring/metrics.py)."""
 
     model: str
     metric: str
-    value: float
+    value: float  # over the scored items (NaN when none was)
     change: float | None = None
     change_ci: tuple[float, float] | None = None
-    n: int
+    n: int  # the items this model scored
+    items: int = 0  # the eval items, scored or not (0: as many as `n`)
 
     @classmethod
     def series(
@@ -69,22 +70,31 @@ class RoundRow(BaseModel):
         before = None
         bare = split_metric(metric, list(suites))[1]  # `gsm8k_test/accuracy`: the gating suite's accuracy
         for model, result in models:
-            now = item_metric(result.items(), bare)
-            row = cls(model=model, metric=metric, value=float(now.mean()), n=len(now))
-            if before is not None:
-                paired = before.reindex(now.index)
-                if not paired.isna().any():  # the same items (same eval set): a paired difference exists
-                    change, low, high = paired_bootstrap_ci(paired.tolist(), now.tolist(), seed=seed)
+            every = item_metric(result.items(), bare)
+            now = every.dropna()  # an unscored item (NaN) counts in neither the mean, nor n, nor a change
+            value = float(now.mean()) if len(now) else float("nan")
+            row = cls(model=model, metric=metric, value=value, n=len(now), items=len(every))
+            if before is not None and every.index.isin(before.index).all():  # the same eval set
+                paired = before.reindex(now.index).dropna()  # the items both models scored
+                if len(paired):
+                    change, low, high = paired_bootstrap_ci(paired.tolist(), now[paired.index].tolist(), seed=seed)
                     row.change, row.change_ci = change, (low, high)
             rows.append(row)
-            before = now
+            before = every
         return rows
+
+    @property
+    def unscored(self) -> bool:
+        return self.n < self.items
 
     def shown(self) -> str:
         change = "-"
         if self.change is not None and self.change_ci is not None:
             change = f"{self.change:+.3f} [{self.change_ci[0]:+.3f}, {self.change_ci[1]:+.3f}]"
-        return f"| {self.model} | {self.value:.3f} | {change} |"
+        value = f"{self.value:.3f}" if self.n else "-"
+        if self.unscored:  # the denominator, where it is not every item (as in the score tables)
+            value += f" (over {self.n} of {self.items})"
+        return f"| {self.model} | {value} | {change} |"
 
 
 class ScoreRow(BaseModel):
@@ -283,10 +293,13 @@ class Summary(BaseModel):
         lines += self.suite_lines(width)
         if len(self.rounds) > 1:
             first = self.rounds[0]
+            over = f"{first.items or first.n} items"
+            if any(row.unscored for row in self.rounds):
+                over = f"{over}, those both models scored"
             lines += [
                 "",
                 f"Rounds ({first.metric}; change against the model before it, paired bootstrap 95% CI over the same "
-                f"{first.n} items):",
+                f"{over}):",
                 "",
                 f"| model | {first.metric} | change [95% CI] |",
                 "|---|---:|---|",

@@ -12,6 +12,10 @@ strictly between the configured bounds as the round's training split.
 The stage is keyed by the policy fingerprint and the training data (tasks/core/stage.py), so it reruns exactly when the
 round's starting policy or the data change. Sampling and scoring reuse evaluation's batched `generate` and
 `judge`, so "correct" means the same here as in training and evaluation.
+
+When fewer prompts pass than a GRPO step takes, the result says so (`DifficultyResult.too_few`): the policy has
+nothing left to learn on these prompts, and the flow ends the rounds there, or fails the run with
+`DifficultyFilterError` where the recipe asks for that (`grpo.difficulty_filter.on_too_few`).
 """
 
 from __future__ import annotations
@@ -87,12 +91,15 @@ class DifficultyResult(BaseModel):
     max_pass_rate: float
     pass_rates_path: str
     run_id: str | None = None
+    # Why a round cannot train on the kept prompts (fewer than a GRPO step takes), with the settings that would keep
+    # more; empty when enough were kept.
+    too_few: str = ""
 
     @computed_field
     @property
     def kept_fraction(self) -> float:
-        """Kept prompts over scored prompts."""
-        return self.kept / self.scored
+        """Kept prompts over scored prompts (0 when none was scored)."""
+        return self.kept / self.scored if self.scored else 0.0
 
     def local_files(self) -> list[str]:
         return [self.pass_rates_path]
@@ -170,8 +177,9 @@ def filter_by_difficulty(
     """The rows of `train` whose pass rate under `policy` is strictly between the bounds, written to
     `out/train.parquet` (with every scored prompt's pass rate in `out/pass_rates.jsonl`).
 
-    Raises `DifficultyFilterError` when fewer than `min_kept` prompts are kept (a GRPO step needs
-    `grpo.prompts_per_step` distinct prompts), rather than train a round on nothing.
+    When fewer than `min_kept` prompts are kept (a GRPO step needs `grpo.prompts_per_step` distinct prompts), the
+    result's `too_few` says so and names the settings that would keep more; no round is to train on it
+    (`check_enough`).
     """
     rows = pd.read_parquet(train.require())
     if cfg.max_prompts is not None and len(rows) > cfg.max_prompts:
@@ -188,9 +196,7 @@ def filter_by_difficulty(
     kept, scored = sum(keep), len(rates)
     too_hard = sum(r <= cfg.min_pass_rate for r in rates)
     too_easy = sum(r >= cfg.max_pass_rate for r in rates)
-    if kept < min_kept:
-        raise DifficultyFilterError(_too_few(cfg, label, policy, kept, scored, too_hard, too_easy, min_kept))
-
+    too_few = _too_few(cfg, label, policy, kept, scored, too_hard, too_easy, min_kept) if kept < min_kept else ""
     with atomic_dir(out) as tmp:
         rows[keep].reset_index(drop=True).to_parquet(tmp / TRAIN_FILE, index=False)
         with open(tmp / PASS_RATES_FILE, "w") as f:
@@ -209,10 +215,28 @@ def filter_by_difficulty(
         min_pass_rate=cfg.min_pass_rate,
         max_pass_rate=cfg.max_pass_rate,
         pass_rates_path=str(out / PASS_RATES_FILE),
+        too_few=too_few,
     )
     result = result.model_copy(update={"run_id": _track(result, policy, cfg, rollouts, ctx)})
     logger.info("difficulty filter before GRPO %s: %s", label, result.describe())
+    if too_few:
+        logger.warning("%s", too_few)
     return result
+
+
+def check_enough(result: DifficultyResult, cfg: DifficultyFilterConfig) -> str:
+    """Empty when a round can train on `result`'s prompts; else why not, in words that end the rounds, or
+    `DifficultyFilterError` with `cfg.on_too_few: fail`."""
+    if not result.too_few:
+        return ""
+    if cfg.on_too_few == "fail":
+        raise DifficultyFilterError(result.too_few)
+    return (
+        f"the difficulty filter before {result.label} kept {result.kept} of {result.scored} prompts, fewer than a GRPO "
+        f"step takes ({result.too_easy} at or above max_pass_rate={result.max_pass_rate:g}, {result.too_hard} at or "
+        f"below min_pass_rate={result.min_pass_rate:g}): nothing left to learn on them, so the rounds end "
+        "(grpo.difficulty_filter.on_too_few=fail would fail the run instead)"
+    )
 
 
 def _track(

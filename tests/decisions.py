@@ -64,10 +64,12 @@ def probe_callback(rows: int, **kwargs: Any):
 
 
 def run_probe(probe, model: StepModel, max_steps: int, args: Args | None = None, first_step: int = 0,
-              crash_at: int | None = None, rates: list[float] | None = None) -> int:  # fmt: skip
+              crash_at: int | None = None, rates: list[float] | None = None, save_every: int = 0) -> int:  # fmt: skip
     """Train `model` (its step is its weight) from `first_step` to `max_steps` under `probe`; returns the step training
     ended at. `crash_at` raises there, after the step's callbacks, like a fault between two checkpoints. `rates`
-    collects the learning rate each step's callbacks leave for the next, a constant scheduler setting 1.0 first."""
+    collects the learning rate each step's callbacks leave for the next, a constant scheduler setting 1.0 first.
+    With `save_every`, a checkpoint folder (`checkpoint-<step>` in args.output_dir) is written that often and the
+    probe's `on_save` runs, as the Trainer does."""
     args = args or Args()
     model.at(first_step)
     state = State(first_step, max_steps)
@@ -80,6 +82,9 @@ def run_probe(probe, model: StepModel, max_steps: int, args: Args | None = None,
         probe.on_step_end(args, state, control, model=model, optimizer=optimizer)
         if rates is not None:
             rates.append(optimizer.param_groups[0]["lr"])
+        if save_every and step % save_every == 0:
+            Path(args.output_dir, f"checkpoint-{step}").mkdir(parents=True)
+            probe.on_save(args, state, control)
         if step == crash_at:
             raise RuntimeError(f"injected fault at step {step}")
         if control.should_training_stop:

@@ -34,6 +34,7 @@ from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.difficulty import (
     DifficultyFilterError,
     Rollouts,
+    check_enough,
     filter_by_difficulty,
     filters_round,
     keep_mask,
@@ -246,18 +247,31 @@ def test_stage_is_keyed_by_the_policy_and_the_data(run_dir, policy, train) -> No
          ["2 of 8", "at least 4 (grpo.prompts_per_step)", "raise grpo.difficulty_filter.max_pass_rate"]),
     ],
 )  # fmt: skip
-def test_too_few_kept_is_an_error_that_names_the_setting(
+def test_too_few_kept_ends_the_rounds_or_is_an_error_that_names_the_setting(
     tmp_path, policy, planted_counts, cfg, min_kept, names
 ) -> None:
+    """The stage says that a round cannot train on what it kept, and why; by default that ends the rounds with a note
+    (as a saturated probe does), and with on_too_few=fail it is an error that names the settings to change. Before,
+    the stage raised whatever the recipe asked, and a nightly run whose policy had learned everything ended Failed."""
     path = tmp_path / "train.parquet"
     pd.DataFrame({"prompt": [f"{i}+1=" for i in range(8)], "answer": "1", "planted": planted_counts}).to_parquet(path)
     data = Ref(path=str(path), fingerprint=fingerprint_path(path))
-    with pytest.raises(DifficultyFilterError) as err:
-        filter_by_difficulty(policy, data, cfg, rollouts(PLANTED_REWARD), ctx(tmp_path), "r2", min_kept=min_kept)
-    assert "difficulty filter before GRPO r2" in str(err.value)
+    result = filter_by_difficulty(policy, data, cfg, rollouts(PLANTED_REWARD), ctx(tmp_path), "r2", min_kept=min_kept)
+    assert "difficulty filter before GRPO r2" in result.too_few
     for name in names:
-        assert name in str(err.value)
-    assert not (tmp_path / "difficulty-r2").exists()  # nothing half-written for a later stage to pick up
+        assert name in result.too_few
+    note = check_enough(result, cfg)
+    assert note.startswith(f"the difficulty filter before r2 kept {result.kept} of 8 prompts, fewer than a GRPO step")
+    assert "nothing left to learn on them, so the rounds end" in note and "on_too_few=fail" in note
+    with pytest.raises(DifficultyFilterError) as err:
+        check_enough(result, cfg.model_copy(update={"on_too_few": "fail"}))
+    assert str(err.value) == result.too_few
+
+
+def test_enough_kept_is_no_reason_to_stop(run_dir, policy, train) -> None:
+    cfg = DifficultyFilterConfig(enabled=True, samples_per_prompt=N, on_too_few="fail")
+    result = filter_by_difficulty(policy, train, cfg, rollouts(PLANTED_REWARD), ctx(run_dir), "r2", min_kept=6)
+    assert (result.kept, result.too_few, check_enough(result, cfg)) == (6, "", "")
 
 
 # ----------------------------------------------------------------------------- in the flow
@@ -299,3 +313,31 @@ def test_round_two_trains_on_the_filtered_split(tmp_path, prefect_api) -> None:
     cached = {s["stage"]: s["cached"] for s in json.loads((tmp_path / "off.json").read_text())["stages"]}
     assert cached["sft_warmup"] and cached["grpo-round1"] and cached["evaluate-r1"], cached
     assert not cached["grpo-round2"] and "difficulty_filter-r2" not in cached
+
+
+@pytest.mark.integration
+def test_a_filter_that_leaves_nothing_to_learn_ends_the_rounds_and_fails_only_when_asked(tmp_path, prefect_api) -> None:
+    """A micro policy solves no prompt, so the filter before round 2 keeps none: the run ends after round 1 (trained,
+    scored and registered) with a note that says why, and exits 0; with on_too_few=fail the same run fails with the
+    filter's error, naming the settings, and round 1 comes from the cache. Before, every such run ended Failed."""
+    common = [
+        "run", "--config", "configs/tiny-arith.yaml", *micro_overrides(tmp_path / "runs"), "grpo.rounds=3",
+        "grpo.difficulty_filter.enabled=true", "registry.model_name=micro-saturated",
+    ]  # fmt: skip
+    env = cli_env(tmp_path, PREFECT_API_URL=prefect_api)
+    ended = run_cli([*common, "--summary-json", str(tmp_path / "ended.json")], env)
+    assert ended.returncode == 0, f"pipeline failed:\n{ended.stdout[-4000:]}\n{ended.stderr[-4000:]}"
+    summary = json.loads((tmp_path / "ended.json").read_text())
+    stages = [s["stage"] for s in summary["stages"]]
+    assert "grpo-round1" in stages and "difficulty_filter-r2" in stages and "grpo-round2" not in stages
+    assert summary["stopped"].startswith("the difficulty filter before r2 kept 0 of 200 prompts")
+    assert summary["stopped"].endswith("(1 of at most 3 rounds ran)")
+    assert [r["version"] for r in summary["registrations"]] == ["1"]  # round 1 stands
+    flat = " ".join(ended.stdout.split())
+    assert "Rounds: the difficulty filter before r2 kept 0 of 200 prompts" in flat
+
+    failed = run_cli([*common, "grpo.difficulty_filter.on_too_few=fail"], env)
+    assert failed.returncode != 0
+    out = " ".join((failed.stdout + failed.stderr).split())
+    assert "difficulty filter before GRPO r2: 0 of 200 training prompts" in out
+    assert "grpo.difficulty_filter.samples_per_prompt" in out

@@ -4,6 +4,7 @@ checkpoint_mirror.py) in one process. The cluster itself is tested in tests/test
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,7 +17,8 @@ from grpo_pipeline.tasks.core.publish import refs_in, replace_refs
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.grpo import GRPORound
 from grpo_pipeline.tasks.training import checkpoint_mirror
-from grpo_pipeline.tasks.training.checkpoints import SEAL
+from grpo_pipeline.tasks.training.checkpoints import SEAL, START_DIR, problem, process_files, start_weights_name
+from tests.decisions import in_two_processes
 
 
 @pytest.mark.parametrize(
@@ -105,6 +107,47 @@ def test_checkpoints_mirrored_to_mlflow_come_back_on_a_disk_without_them(tmp_pat
 
     checkpoint_mirror.forget_mirrored(run_id)
     assert checkpoint_mirror.newest_mirrored(ctx, key) is None
+
+
+def mirror_from_two_disks(ctx: RunContext, run_id: str, base: str, rank: int) -> list[str]:
+    """Process `rank` of a two-worker job on a disk of its own (`<base>/node-<rank>`): it writes what the Trainer and
+    the probe write there for checkpoint 2 (its RNG state and its part of the round's start; process 0 the model and
+    the start's results), then mirrors it. Returns the files process 0's checkpoint holds afterwards."""
+    from grpo_pipeline.tasks.core.tracking import configure_mlflow
+
+    path = Path(base, f"node-{rank}", "out.resume", "checkpoint-2")
+    for name in process_files(path, rank):
+        name.parent.mkdir(parents=True, exist_ok=True)
+        name.write_bytes(b"process %d" % rank)
+    if rank == 0:
+        (path / "model.safetensors").write_bytes(b"weights 2")
+        (path / START_DIR / "start.json").write_text(json.dumps({"step": 0, "items": [1.0]}))
+        configure_mlflow(ctx.run_dir, ctx.experiment)
+    args = SimpleNamespace(output_dir=str(path.parent), process_index=rank, save_total_limit=2)
+    state = SimpleNamespace(global_step=2, is_world_process_zero=rank == 0)
+    checkpoint_mirror.mirror_on_save(args, state, run_id if rank == 0 else None)
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file())
+
+
+def test_a_checkpoint_mirrored_from_workers_on_two_disks_holds_every_workers_part_of_the_start(tmp_path: Path) -> None:
+    """Under Ray a worker's files (its RNG state, its part of a GRPO round's start) are on its own disk only; process
+    0 gathers them before it seals and mirrors the checkpoint, so a rerun on any machine finds the whole start."""
+    from grpo_pipeline.tasks.core.tracking import mlflow_run
+
+    ctx = RunContext(run_dir=str(tmp_path / "runs"), experiment="mirror", recipe="r", seed=0)
+    key = "grpo-round1/0123456789ab"
+    with mlflow_run(ctx.run_dir, ctx.experiment, "r-grpo", {checkpoint_mirror.RESUME_KEY_TAG: key}) as run:
+        run_id = run.info.run_id
+    scenario = functools.partial(mirror_from_two_disks, ctx, run_id, str(tmp_path))
+    (tmp_path / "results").mkdir()
+    on_zero, _ = in_two_processes(scenario, tmp_path / "results")
+    start = [f"{START_DIR}/{name}" for name in ("start.json", start_weights_name(0), start_weights_name(1))]
+    assert {*start, "rng_state_0.pth", "rng_state_1.pth", SEAL} <= set(on_zero)
+
+    elsewhere = tmp_path / "node-2" / "out.resume"
+    last, step, _ = checkpoint_mirror.restore_mirrored(elsewhere, "grpo-round1", ctx, key)
+    assert step == 2 and problem(last) is None
+    assert (last / START_DIR / start_weights_name(1)).read_bytes() == b"process 1"
 
 
 def test_backend_ray_without_ray_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -71,3 +71,22 @@ def test_the_model_card_shows_items_scored_and_the_reason(tmp_path):
     clean = result(tmp_path, "r2", [1, 0, 0, 1])
     card = model_card(RegistryConfig(), policy, clean, None, gate, {}, "name: x\n", "1+1=")
     assert "Every completion was scored by the correctness reward `correctness`" in card and "| 4/4 |" in card
+
+
+def test_the_rounds_table_leaves_unscored_items_out_of_its_counts_and_changes(tmp_path):
+    """An item the current model left unscored counts in neither its n nor the paired change, which is taken over the
+    items both models scored; before, the change read `+nan [nan, nan]` and n counted the unscored item."""
+    baseline = result(tmp_path, "sft", [1, 0, 0, 1])
+    round1 = result(tmp_path, "r1", [1, None, 1, 1])
+    round2 = result(tmp_path, "r2", [None, 1, 1, 1])
+    policy = Checkpoint(path=str(tmp_path), fingerprint="c" * 64, stage="grpo-round1")
+    rounds = [Round(index=i, policy=policy, result=r) for i, r in ((1, round1), (2, round2))]
+    summary = Summary.build(PipelineConfig(), [], baseline, rounds)
+    sft, first, second = summary.rounds
+    assert (sft.n, first.n, second.n) == (4, 3, 3) and first.items == 4
+    assert first.value == 1.0 and first.change == 1 / 3  # items 0, 2, 3: 1->1, 0->1, 1->1
+    assert second.change == 0.0 and second.change_ci == (0.0, 0.0)  # items 2, 3: scored by both rounds, 1->1
+    text = summary.to_markdown()
+    assert "nan" not in text
+    assert "over the same 4 items, those both models scored):" in text
+    assert "| grpo round 1 | 1.000 (over 3 of 4) | +0.333 [" in text

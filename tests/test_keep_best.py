@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,8 +23,9 @@ import torch
 from grpo_pipeline.configs.schema import ConfigError, RewardSpec, load_config
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.core.stage import RunContext
+from grpo_pipeline.tasks.training.checkpoints import START_DIR
 from grpo_pipeline.tasks.training.keep_rule import halves
-from grpo_pipeline.tasks.training.probe import START_DIR, HeldOutAccuracyProbe
+from grpo_pipeline.tasks.training.probe import HeldOutAccuracyProbe, StartMissingError
 from tests.decisions import Args, StepModel, fake_probe, probe_callback, run_probe
 
 SHORTER = """
@@ -250,30 +252,47 @@ def test_the_start_stays_when_no_step_scores_as_well_on_the_choosing_half(monkey
 
 def test_a_resumed_round_compares_with_its_true_start(monkeypatch, tmp_path):
     """The start (step 0) is better than every later step. Interrupted at step 5 and resumed from the checkpoint of
-    step 4, the round still returns the start's weights, read from where the first attempt saved them; before, the
-    resumed attempt took step 4 as its start and returned it."""
+    step 4, the round still returns the start's weights, read from that checkpoint, also on a disk that holds
+    nothing but the checkpoint (a rerun on another machine, the checkpoint fetched from MLflow); before, the
+    resumed attempt there took step 4 as its start and returned it as the unchanged start."""
     good, worse = results(50, 50), results(20, 20)
     fake_probe(monkeypatch, lambda step: good if step == 0 else worse)
-    args = Args(save_strategy="steps", output_dir=str(tmp_path))
+    first_disk, other_disk = tmp_path / "node-a", tmp_path / "node-b"
 
-    def attempt(first_step: int = 0, crash_at: int | None = None) -> tuple[HeldOutAccuracyProbe, StepModel]:
+    def attempt(disk: Path, first_step: int = 0, crash_at: int | None = None) -> tuple[HeldOutAccuracyProbe, StepModel]:
         probe, model = probe_callback(ROWS, keep_best=True, over_start=True), StepModel()
-        run_probe(probe, model, 8, args, first_step=first_step, crash_at=crash_at)
+        args = Args(save_strategy="steps", output_dir=str(disk))
+        run_probe(probe, model, 8, args, first_step=first_step, crash_at=crash_at, save_every=2)
         return probe, model
 
-    uninterrupted, model = attempt()
-    assert uninterrupted.kept_step == 0 and model.step.item() == 0
+    uninterrupted, model = attempt(tmp_path / "whole")
+    assert uninterrupted.kept_step == 0 and model.step.item() == 0 and uninterrupted.kept_start
     with pytest.raises(RuntimeError, match="injected fault at step 5"):
-        attempt(crash_at=5)
-    assert (tmp_path / START_DIR / "start.json").is_file()
-    resumed, model = attempt(first_step=4)
+        attempt(first_disk, crash_at=5)
+    assert (first_disk / "checkpoint-4" / START_DIR / "start.json").is_file()
+    resumed, model = attempt(first_disk, first_step=4)
     assert resumed.kept_step == 0 and model.step.item() == 0  # the true start's weights
     assert resumed.notes == uninterrupted.notes
 
-    (tmp_path / START_DIR / "start.json").unlink()  # an attempt that saved no start: the resume point stands in
-    fallback, model = attempt(first_step=4)
-    assert fallback.kept_step == 4 and model.step.item() == 4
-    assert fallback.notes[0].startswith("resumed at step 4 without the round's saved start")
+    other_disk.mkdir()
+    shutil.copytree(first_disk / "checkpoint-4", other_disk / "checkpoint-4")  # only the checkpoint travels
+    moved, model = attempt(other_disk, first_step=4)
+    assert moved.kept_step == 0 and model.step.item() == 0 and moved.kept_start
+    assert moved.notes == uninterrupted.notes
+    assert (other_disk / "checkpoint-6" / START_DIR / "start.json").is_file()  # and goes on into the next ones
+
+
+def test_a_round_resumed_from_a_checkpoint_without_its_start_fails_saying_so(monkeypatch, tmp_path):
+    """A checkpoint that does not hold the round's start cannot be resumed from: the resume point is not the start,
+    and a round that took it for one returned trained weights as its unchanged start (kept_start), so the pipeline
+    skipped its evaluation and ended the rounds. Before, the resumed attempt did just that, with a note."""
+    fake_probe(monkeypatch, lambda step: results(50, 50) if step == 0 else results(20, 20))
+    args = Args(save_strategy="steps", output_dir=str(tmp_path))
+    with pytest.raises(RuntimeError, match="injected fault at step 5"):
+        run_probe(probe_callback(ROWS, keep_best=True, over_start=True), StepModel(), 8, args, crash_at=5, save_every=2)
+    shutil.rmtree(tmp_path / "checkpoint-4" / START_DIR)
+    with pytest.raises(StartMissingError, match=r"resumed at step 4 from a checkpoint without the round's start"):
+        run_probe(probe_callback(ROWS, keep_best=True, over_start=True), StepModel(), 8, args, first_step=4)
 
 
 def test_a_step_replaces_the_start_only_when_clearly_better():

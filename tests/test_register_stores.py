@@ -146,3 +146,38 @@ def test_each_run_directory_keeps_its_own_store_in_one_process(tmp_path, monkeyp
         assert os.environ["MLFLOW_TRACKING_URI"] == server == mlflow.get_tracking_uri()
     finally:
         mlflow.set_tracking_uri(None)  # no store of this test's left as the process's
+
+
+@pytest.mark.parametrize("users", [None, "server"])
+def test_threads_pointing_at_stores_at_once_leave_the_environment_as_it_was(tmp_path, monkeypatch, users):
+    """Several threads of one process (the flow's Ray fan-out) point MLflow at their run directories' stores at once:
+    each gets its own store (or the user's), and MLFLOW_TRACKING_URI ends as it began. Before, one thread could read
+    another's store from the variable as the user's choice, and restore it, leaving it set for later runs."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import mlflow
+
+    from grpo_pipeline.tasks.core.tracking import use_store
+
+    server = f"sqlite:///{tmp_path / 'server.db'}"
+    if users:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", server)
+    else:
+        monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    real = mlflow.set_tracking_uri
+
+    def slow(uri: str | None) -> None:  # a store slow to set up: the window in which the other threads run
+        real(uri)
+        time.sleep(0.002)
+
+    monkeypatch.setattr(mlflow, "set_tracking_uri", slow)
+    dirs = [tmp_path / f"run-{i}" for i in range(4)]
+    try:
+        with ThreadPoolExecutor(len(dirs)) as pool:
+            got = list(pool.map(lambda d: {use_store(d) for _ in range(25)}, dirs))
+        assert os.environ.get("MLFLOW_TRACKING_URI") == (server if users else None)
+    finally:
+        real(None)  # no store of this test's left as the process's
+    for run_dir, uris in zip(dirs, got, strict=True):
+        assert uris == {server if users else f"sqlite:///{run_dir.resolve() / 'mlflow.db'}"}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,7 +32,7 @@ from grpo_pipeline.tasks.data import prepare_data
 from grpo_pipeline.tasks.model import prepare_base_model
 from grpo_pipeline.tasks.sft import sft_warmup
 from grpo_pipeline.tasks.training import trainer
-from grpo_pipeline.tasks.training.checkpoints import SEAL, latest_complete, problem, seal_on_save
+from grpo_pipeline.tasks.training.checkpoints import SEAL, START_DIR, latest_complete, problem, seal_on_save
 from tests.helpers import ROOT, cli_env, micro_overrides
 
 STEPS, EVERY, CRASH_AT = 8, 3, 7  # checkpoints at 3 and 6; the crash loses step 7
@@ -165,9 +166,10 @@ class CrashingGrpoSeal(CrashingSeal):
 def test_a_resumed_grpo_round_compares_with_its_true_start(tmp_path, monkeypatch):
     """grpo.keep_over_start against the round's start, when the round is interrupted and resumed: the fake probe
     finds every row right on the start's weights and every row wrong on any other, so the round must return its
-    start. The resumed attempt reads the start's results and weights from where the first attempt saved them
-    (beside its checkpoints) and returns the start's weights, as the uninterrupted round does; before, it took the
-    resume point (step 4) as its start and returned a trained step."""
+    start. The resumed attempt reads the start's results and weights from the checkpoint it resumes from, on a disk
+    that holds nothing else, and returns the start's weights, as the uninterrupted round does; before, the start was
+    saved only beside the checkpoints, and the attempt took the resume point (step 4) as its start and returned a
+    trained step as its unchanged start."""
     from grpo_pipeline.tasks.grpo import GRPORound, grpo_train
     from grpo_pipeline.tasks.training import probe
 
@@ -213,7 +215,12 @@ def test_a_resumed_grpo_round_compares_with_its_true_start(tmp_path, monkeypatch
         with pytest.raises(Crash):
             round_from_the_start(run_dir)
     (folder,) = run_dir.glob("grpo-round1/*.resume")
-    assert (folder / probe.START_DIR / "start.json").is_file()
+    checkpoint = folder / f"checkpoint-{2 * GRPO_EVERY}"
+    sealed = json.loads((checkpoint / SEAL).read_text())["files"]
+    assert {f"{START_DIR}/start.json", f"{START_DIR}/weights-rank0.pt"} <= set(sealed) and problem(checkpoint) is None
+    for other in folder.iterdir():  # a rerun elsewhere: the disk holds only the checkpoint (fetched from MLflow)
+        if other != checkpoint:
+            shutil.rmtree(other) if other.is_dir() else other.unlink()
     resumed, _ = round_from_the_start(run_dir)
     assert resumed.resumed_from_step == 2 * GRPO_EVERY
     assert resumed.notes == uninterrupted.notes

@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,9 +25,16 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING = "custom_model_development"
 
 
+# Held while MLFLOW_TRACKING_URI is read, and while use_store sets MLflow's URI and puts the variable back: threads
+# of one process (the flow's concurrent stages, its Ray fan-out) point MLflow at a store at the same time.
+_STORE_LOCK = threading.RLock()
+
+
 def tracking_uri(run_dir: str | Path) -> str:
     """MLFLOW_TRACKING_URI when set (e.g. a tracking server), else a SQLite store under the run directory."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
+    with _STORE_LOCK:  # never the value another thread's use_store has not yet put back
+        chosen = os.environ.get("MLFLOW_TRACKING_URI")
+    return chosen or f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
 
 
 def use_store(run_dir: str | Path) -> str:
@@ -35,16 +43,19 @@ def use_store(run_dir: str | Path) -> str:
     mlflow.set_tracking_uri also writes MLFLOW_TRACKING_URI into the environment, which tracking_uri reads first as
     the user's choice: without the restore, the first run directory a process used would be every later one's store
     (a second run directory's stages logging into the first's SQLite file). The user's own variable, if any, stays.
+    Reading, setting and restoring happen under one lock: two threads that interleaved them could each restore the
+    other's value, leaving a store of theirs in the environment for every later run of the process.
     """
     import mlflow
 
-    uri = tracking_uri(run_dir)
-    before = os.environ.get("MLFLOW_TRACKING_URI")
-    mlflow.set_tracking_uri(uri)
-    if before is None:
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
-    else:
-        os.environ["MLFLOW_TRACKING_URI"] = before
+    with _STORE_LOCK:
+        before = os.environ.get("MLFLOW_TRACKING_URI")
+        uri = tracking_uri(run_dir)
+        mlflow.set_tracking_uri(uri)
+        if before is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = before
     return uri
 
 

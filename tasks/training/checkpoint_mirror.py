@@ -3,10 +3,11 @@
 Under `accelerate launch` every process writes into one resume folder on one disk (tasks/training/checkpoints.py).
 A Ray Train job (tasks/core/ray_launch.py) may place its workers on machines that share nothing but the MLflow
 tracking server, and a rerun may place rank 0 on another machine than the attempt that was killed. So there:
-  - at each save, every worker sends process 0 the file only it wrote (the Trainer's `rng_state_<rank>.pth`),
-    process 0 seals the whole checkpoint, logs it to its MLflow run under `resume/checkpoint-<step>/` and only then
-    tags the run with the step (`RESUME_STEP_TAG`): a tagged step is complete in the store (the tag and the copies go
-    once the stage's output is saved: `forget_mirrored`);
+  - at each save, every worker sends process 0 the files only it wrote (the Trainer's `rng_state_<rank>.pth`, its
+    part of a GRPO round's start: checkpoints.process_files) where process 0's disk lacks them, process 0 seals the
+    whole checkpoint, logs it to its MLflow run under `resume/checkpoint-<step>/` and only then tags the run with the
+    step (`RESUME_STEP_TAG`): a tagged step is complete in the store (the tag and the copies go once the stage's
+    output is saved: `forget_mirrored`);
   - before training, process 0 looks up the newest tagged run of the stage (`RESUME_KEY_TAG`, the stage's output
     folder, so the same config and inputs) and broadcasts its choice; every worker fetches that checkpoint into its
     own resume folder unless an intact copy is there, and the Trainer resumes from it as it would from a local one.
@@ -23,7 +24,7 @@ from grpo_pipeline.tasks.core.common import atomic_dir, logger
 from grpo_pipeline.tasks.core.ray_launch import MIRROR_ENV
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.core.tracking import configure_mlflow
-from grpo_pipeline.tasks.training.checkpoints import problem, seal_on_save
+from grpo_pipeline.tasks.training.checkpoints import problem, process_files, seal_on_save
 from grpo_pipeline.tasks.training.consensus import agree, gather, rank
 
 if TYPE_CHECKING:  # transformers loads when a stage trains, not when the flow is imported
@@ -103,17 +104,20 @@ def fetch_checkpoint(run_id: str, target: Path, ctx: RunContext) -> None:
 
 
 def mirror_on_save(args: Any, state: Any, run_id: str | None) -> None:
-    """Every worker: hand process 0 this worker's RNG state; process 0: seal the checkpoint, log it, tag the step."""
+    """Every worker: hand process 0 the files only it wrote; process 0: seal the checkpoint, log it, tag the step."""
     import mlflow
 
     path = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-    own = path / f"rng_state_{args.process_index}.pth"
-    shares = gather((own.name, own.read_bytes()) if own.is_file() else None)
+    own = gather([str(p.relative_to(path)) for p in process_files(path, args.process_index) if p.is_file()])
+    # only what process 0 lacks (written on another machine's disk) travels: on a shared disk no bytes do
+    zero = state.is_world_process_zero
+    lacking = agree([[name for name in names if not (path / name).is_file()] for names in own] if zero else None)
+    shares = gather([(name, (path / name).read_bytes()) for name in lacking[args.process_index]])
     if not state.is_world_process_zero:
         return
-    for name, data in filter(None, shares):
-        if not (path / name).is_file():  # written on another machine's disk: process 0 keeps a copy
-            (path / name).write_bytes(data)
+    for name, data in (share for process in shares for share in process):
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_bytes(data)  # process 0 keeps a copy
     seal_on_save(args, state)
     client = mlflow.MlflowClient()
     client.log_artifacts(run_id, str(path), f"{FOLDER}/{path.name}")

@@ -7,6 +7,10 @@ like a checkpoint. So once the Trainer reports a save (`on_save`), `seal_callbac
 size and sha256 of every file in it; a checkpoint counts only when its seal is present and every file still matches.
 A rerun of the same stage key (the same config and inputs), or a Prefect retry of the task, resumes from the newest
 sealed checkpoint and deletes the unsealed ones; the folder is removed once the stage's output is saved.
+
+A GRPO round that keeps its best-probed step (grpo.keep: best_probe) also stores its start in every checkpoint
+(`START_DIR`, tasks/training/probe.py): a checkpoint then holds all a resumed attempt needs, on whichever disk it is
+restored to, and its seal covers the start too.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ if TYPE_CHECKING:  # transformers loads when a stage trains, not when the flow i
 
 SEAL = "sealed.json"
 RUN_ID_FILE = "mlflow_run_id"
+START_DIR = "probe-start"  # in a checkpoint (and beside them, from the round's first step): the round's start
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -76,6 +81,17 @@ def problem(checkpoint: Path) -> str | None:
         except OSError as e:  # deleted meanwhile (another process pruning it)
             return f"{name} is unreadable ({e})"
     return None
+
+
+def start_weights_name(process_index: int) -> str:
+    """The file of `START_DIR` that holds process `process_index`'s part of the start's trainable weights."""
+    return f"weights-rank{process_index}.pt"
+
+
+def process_files(checkpoint: Path, process_index: int) -> list[Path]:
+    """The files of `checkpoint` that process `process_index` alone writes (on a disk of its own, under Ray): its RNG
+    state and its part of the round's start."""
+    return [checkpoint / f"rng_state_{process_index}.pth", checkpoint / START_DIR / start_weights_name(process_index)]
 
 
 def checkpoint_step(path: Path) -> int | None:

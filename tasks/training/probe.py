@@ -13,7 +13,10 @@ evaluation or the gate.
 In a multi-process stage every process measures (a sharded model needs all of them in `generate`), and every
 process then uses process 0's per-row results (tasks/training/consensus.py), so the bar, the patience stop and the
 kept step are the same decision everywhere. A round resumed from a periodic checkpoint keeps its true start: the
-start's per-row results and weights are saved beside the resumable checkpoints when the round begins.
+start's per-row results and weights are saved when the round begins and go into every checkpoint it saves
+(tasks/training/checkpoints.py), so they travel wherever the checkpoint does (to another machine, through MLflow,
+under Ray). A checkpoint without them cannot be resumed from: the resume point is not the start, and a round that
+took it for one would return trained weights as its unchanged start.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,10 +40,13 @@ from grpo_pipeline.tasks.scoring.curves import PROBE_METRIC
 from grpo_pipeline.tasks.scoring.generation import generate
 from grpo_pipeline.tasks.scoring.items import judge
 from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci
+from grpo_pipeline.tasks.training.checkpoints import START_DIR, start_weights_name
 from grpo_pipeline.tasks.training.consensus import agree, gather, rank
 from grpo_pipeline.tasks.training.keep_rule import as_items, confirms, counts, halves, scored_mean, sign_test_p
 
-START_DIR = "probe-start"  # beside the resumable checkpoints: the round's start, for a resumed attempt
+
+class StartMissingError(RuntimeError):
+    """A round with grpo.keep: best_probe resumed from a checkpoint that does not hold the round's start."""
 
 
 def greedy_accuracy(model, tokenizer, rows: pd.DataFrame, reward, max_new_tokens: int) -> float:
@@ -193,15 +200,21 @@ class HeldOutAccuracyProbe(TrainerCallback):
         resumable = self.keep_best and args.save_strategy != "no"
         if not self.keep_best:
             self._measure(step, model)
-        elif step > 0 and resumable and (start := self._saved_start(args.output_dir, step)) is not None:
-            self._start = start  # the interrupted attempt's start: the candidate until a step scores as well
-            self._consider(start.step, start.items, model)
+        elif step > 0 and resumable:
+            self._start = start = self._saved_start(args.output_dir, step)  # the interrupted attempt's start
+            save_start(Path(args.output_dir) / START_DIR, start)  # for this attempt's checkpoints, on this disk
+            self._consider(start.step, start.items, model)  # the candidate until a step scores as well
             self._measure(step, model)
         else:  # the round's start: measured here, its weights copied before _consider may share them
             self._start = Probed(step, [], trainable_copy(model))
             self._start.items = self._measure(step, model)
-            if resumable and step == 0:
+            if resumable:
                 save_start(Path(args.output_dir) / START_DIR, self._start)
+
+    def on_save(self, args, state, control, **kwargs):
+        """Put the round's start into the checkpoint just written (before it is sealed and mirrored)."""
+        if self.keep_best:
+            copy_start(Path(args.output_dir), Path(args.output_dir) / f"checkpoint-{state.global_step}")
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         due = state.global_step % self.every_steps == 0 or state.global_step == state.max_steps
@@ -305,21 +318,23 @@ class HeldOutAccuracyProbe(TrainerCallback):
 
     # ------------------------------------------------------------------ a resumed round's start
 
-    def _saved_start(self, output_dir: str, step: int) -> Probed | None:
-        """The start the interrupted attempt saved (None, with a note, when a process cannot read its part: the
-        resume point is then the start, as if the round began there)."""
-        folder = Path(output_dir) / START_DIR
+    def _saved_start(self, output_dir: str, step: int) -> Probed:
+        """The start the interrupted attempt saved in the checkpoint it resumes from; StartMissingError when a process
+        cannot read its part (the resume point is not the start, and taking it for one would return trained weights as
+        the round's unchanged start)."""
+        folder = Path(output_dir) / f"checkpoint-{step}" / START_DIR
         start = load_start(folder)
         if all(gather(start is not None)):
             assert start is not None
             start.items = agree(start.items)
             return start
-        self.notes.append(
-            f"resumed at step {step} without the round's saved start ({folder}): the start the probe compares with is "
-            "the resume point"
+        raise StartMissingError(
+            f"resumed at step {step} from a checkpoint without the round's start ({folder} is missing or unreadable "
+            "on at least one process): with grpo.keep=best_probe the round compares its steps with its start, and "
+            "the resume point is not the start. Delete the checkpoints to train the round afresh: the folder "
+            f"{output_dir} and, with distributed.backend=ray, the tag grpo_pipeline.resume_step of the round's MLflow "
+            "run"
         )
-        logger.warning("%s", self.notes[-1])
-        return None
 
 
 def save_start(folder: Path, start: Probed) -> None:
@@ -328,7 +343,7 @@ def save_start(folder: Path, start: Probed) -> None:
     import torch
 
     folder.mkdir(parents=True, exist_ok=True)
-    weights = folder / f"weights-rank{rank()}.pt"
+    weights = folder / start_weights_name(rank())
     torch.save(start.weights, folder / f".{weights.name}.tmp")
     os.replace(folder / f".{weights.name}.tmp", weights)
     if rank() == 0:
@@ -344,11 +359,26 @@ def load_start(folder: Path) -> Probed | None:
         return None
     try:
         meta = json.loads((folder / "start.json").read_text())
-        weights = torch.load(folder / f"weights-rank{rank()}.pt", map_location="cpu", weights_only=True)
+        weights = torch.load(folder / start_weights_name(rank()), map_location="cpu", weights_only=True)
     except (OSError, ValueError, RuntimeError) as e:
         logger.warning("cannot read the round's saved start in %s: %s", folder, e)
         return None
     return Probed(int(meta["step"]), list(meta["items"]), weights)
+
+
+def copy_start(resume: Path, checkpoint: Path) -> None:
+    """Each process: put its part of the start saved in `resume` (and process 0 the per-row results) into
+    `checkpoint`, as hard links where the disk allows; then wait for every process, so that the checkpoint is whole
+    before process 0 seals it."""
+    names = [start_weights_name(rank()), *(["start.json"] if rank() == 0 else [])]
+    (checkpoint / START_DIR).mkdir(parents=True, exist_ok=True)
+    for name in names:
+        source, target = resume / START_DIR / name, checkpoint / START_DIR / name
+        try:
+            os.link(source, target)
+        except OSError:  # a disk without hard links (or a copy left by an earlier attempt)
+            shutil.copyfile(source, target)
+    gather(None)
 
 
 def trainable_copy(model) -> dict[str, object]:
