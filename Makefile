@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # fixtures are built once), the slowest files first (tests/conftest.py). PYTEST_WORKERS=1 runs them in one process.
 PYTEST_WORKERS ?= auto
 
-.PHONY: run test test-fast test-postgres test-vllm test-ray gpu-check lint install serve stop status clean
+.PHONY: run test test-slow test-fast test-postgres test-vllm test-ray gpu-check lint install serve stop status clean
 
 # bubblewrap isolates model-written programs in the code reward's sandbox (docs/rewards.md); without it, as root,
 # the sandbox refuses to run them. Installed where we can (root on Debian/Ubuntu); never fails the install.
@@ -46,10 +46,23 @@ stop: install
 status: install
 	$(BIN)/grpo-pipeline status
 
-# Lint first, then every test but the tiers that need more than this environment (test-postgres, test-vllm,
-# every test marked `ray`, which test-ray runs).
+# Lint first, then every test but the tiers: the ones that need more than this environment (test-postgres,
+# test-vllm, every test marked `ray`, which test-ray runs) and the slow tier (test-slow). What stays covers every
+# stage and each real component at least once: the Prefect server (the stack, conftest's prefect_api), the MLflow
+# server (the stack, tests/test_register.py), the code sandbox, a multi-process run without Ray
+# (tests/test_distributed.py, tests/test_decisions_agree.py), a rehearsal (the GSM8K and coding recipes). It prints
+# the 25 slowest tests, so a test that grows past a minute is seen; tests/conftest.py's SLOWEST_FIRST orders files.
+PYTEST_PARALLEL = $(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+
 test: install lint
-	$(BIN)/python -m pytest -q $(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder) --ignore=tests/test_stack_postgres.py --ignore=tests/test_ray.py -m "not ray" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --durations=25 --ignore=tests/test_stack_postgres.py --ignore=tests/test_ray.py -m "not ray and not slow" $(PYTEST_ARGS)
+
+# The slow tier: tests over a minute each whose path a quicker test in `make test` also takes (tests marked `slow`:
+# the rehearsals of the recipes' LoRA, QLoRA, multi-GPU and tools variants, a pipeline SIGKILLed and resumed, an
+# MLflow outage, two pipelines at once, a second difficulty-filtered round, the flow run from Python, a user reward
+# module's edits). .ci/run runs it after `make test`.
+test-slow: install
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --durations=25 --ignore=tests/test_stack_postgres.py --ignore=tests/test_ray.py -m "slow and not ray" $(PYTEST_ARGS)
 
 # The PostgreSQL tier: the stack's record-writing tests again with both servers on a private PostgreSQL server
 # (tests/test_stack_postgres.py; skipped, with the reason, where PostgreSQL's server programs are not installed).

@@ -118,13 +118,23 @@ def _child(rank: int, scenario: Callable[[int], Any], port: int, out: str) -> No
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60)
-    )
+    timeout = datetime.timedelta(seconds=60)
+    # The store is made here, not by init_method, so that process 0, which serves it, can outlive process 1's use of
+    # it: a process that tears its group down while the other is still inside a collective or still talking to the
+    # store (its TCPStore server gone) dies in C++ ("terminate called without an active exception", SIGABRT),
+    # seen under load in about one pair in seven.
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timeout)
     try:
         result = {"value": scenario(rank)}
     except Exception:
         result = {"error": traceback.format_exc()}
+    try:
+        dist.barrier()  # neither process leaves while the other still has a collective in flight
     finally:
         dist.destroy_process_group()
-    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+        Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+        if rank == 1:
+            store.set("released", "1")  # process 1 is done with the group and the store
+        else:
+            store.wait(["released"])  # process 0 serves the store until then

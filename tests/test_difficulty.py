@@ -278,6 +278,7 @@ def test_enough_kept_is_no_reason_to_stop(run_dir, policy, train) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_round_two_trains_on_the_filtered_split(tmp_path, prefect_api) -> None:
     """Through the CLI: round 2 is preceded by the filter and trains on what it kept (the GRPO run's data tag);
     the summary shows the kept fraction; switching the filter off again reruns round 2 only."""

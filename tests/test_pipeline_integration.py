@@ -341,6 +341,7 @@ def test_a_round_that_returned_its_start_is_not_registered_and_ends_the_rounds(r
     assert any(note.startswith("kept the start (step 0)") for note in result["notes"][0])
 
 
+@pytest.mark.slow
 def test_flow_runs_from_python_without_the_cli(tmp_path, prefect_api):
     """The flow applies the process defaults itself (as a Prefect worker would need): plain Python is enough."""
     script = textwrap.dedent(f"""

@@ -295,8 +295,17 @@ def test_a_rehearsals_card_says_so_first():
 # ----------------------------------------------------------------------------- end to end, as a user runs it
 
 
+# The plain GSM8K and the coding recipe (every stage, the sandbox) stay in `make test`; their variants (LoRA, QLoRA,
+# multi-GPU, tools: the same DAG with other training and episode settings, 1-3 min each) run in `make test-slow`.
+REHEARSED_IN_MAKE_TEST = {GSM8K, CODER}
+
+
 @pytest.mark.integration
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "recipe",
+    [r if r in REHEARSED_IN_MAKE_TEST else pytest.param(r, marks=pytest.mark.slow) for r in RECIPES],
+    ids=lambda p: p.stem,
+)
 def test_every_shipped_recipe_rehearses_and_registers_under_the_rehearsal_name(
     recipe, shared_data, code_sandbox, prefect_api, tmp_path
 ):

@@ -155,6 +155,7 @@ def table_rows(client: MlflowClient, run_id: str, tmp: Path) -> int:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_registration_outlasts_an_mlflow_outage_without_training_again(tmp_path, mlflow_server):
     env = cli_env(tmp_path, MLFLOW_TRACKING_URI=mlflow_server.url)
     first = Pipeline(tmp_path, env, "first", "registry.model_name=outage-a")
@@ -196,6 +197,7 @@ def test_registration_outlasts_an_mlflow_outage_without_training_again(tmp_path,
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_two_runs_at_once_share_a_run_dir_and_prefect_home(tmp_path):
     """Different recipe names, the same data and base model (same keys, built by both at once), the same MLflow
     SQLite store created by both at once, the same registered model gated by both at once."""

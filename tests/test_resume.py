@@ -280,6 +280,7 @@ def stage_meta(run_dir: Path, folder: str) -> dict:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_a_pipeline_killed_mid_training_resumes_on_rerun(tmp_path):
     import mlflow
 

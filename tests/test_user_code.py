@@ -42,6 +42,7 @@ def test_rewards_py_in_the_working_directory_scores(tmp_path: Path) -> None:
     assert [json.loads(line)["my_reward"] for line in scored.read_text().splitlines()] == [1.0, 0.0, 1.0]
 
 
+@pytest.mark.slow
 def test_reward_module_beside_the_recipe_trains_and_its_edits_rerun_grpo(tmp_path: Path, prefect_api: str) -> None:
     recipe_dir, work = tmp_path / "recipe", tmp_path / "elsewhere"
     recipe_dir.mkdir()
