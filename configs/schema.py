@@ -21,9 +21,10 @@ from grpo_pipeline.configs.data import FUNCTION_FAMILIES, DataConfig, SyntheticT
 from grpo_pipeline.configs.distributed import DistributedConfig
 from grpo_pipeline.configs.eval import CORRECTNESS, HELDOUT, EvalConfig, EvalSuiteConfig
 from grpo_pipeline.configs.grpo import DifficultyFilterConfig, GRPOStageConfig, RewardSpec
+from grpo_pipeline.configs.metrics import Metric, split_metric, unknown_metric
 from grpo_pipeline.configs.model import LoraAdapterConfig, ModelConfig, TinyModelConfig
 from grpo_pipeline.configs.monitors import MonitorsConfig
-from grpo_pipeline.configs.registry import RegistryConfig, split_metric
+from grpo_pipeline.configs.registry import RegistryConfig
 from grpo_pipeline.configs.rehearsal import RehearsalConfig
 from grpo_pipeline.configs.sft import SFTStageConfig
 
@@ -40,6 +41,7 @@ __all__ = [
     "EvalSuiteConfig",
     "GRPOStageConfig",
     "LoraAdapterConfig",
+    "Metric",
     "ModelConfig",
     "MonitorsConfig",
     "PipelineConfig",
@@ -138,18 +140,15 @@ class PipelineConfig(Section):
         return {**raw, "eval": filled}
 
     @model_validator(mode="after")
-    def _gate_names_suites(self) -> PipelineConfig:
-        suites = self.eval.suite_names()
-        for field, metric in [
-            ("gating_metric", self.registry.gating_metric),
-            *(("guard", m) for m in self.registry.guard),
-        ]:
-            head, _, rest = metric.partition("/")
-            if rest and head not in suites and head != "reward":
-                raise ValueError(
-                    f"registry.{field} {metric!r} names no eval suite {head!r}; the suites are {suites} "
-                    f"(write <suite>/<metric>, e.g. {suites[0]}/accuracy)"
-                )
+    def _gate_reads_eval_metrics(self) -> PipelineConfig:
+        # The gate reads these after every round has trained: a name the evaluation does not produce would fail the
+        # register stage (gating_metric), or leave a guard with nothing to compare and hold back every promotion.
+        suites, rewards = self.eval.suite_names(), [r.name for r in self.grpo.rewards]
+        named = [("gating_metric", self.registry.gating_metric)]
+        named += [(f"guard[{i}]", m) for i, m in enumerate(self.registry.guard)]
+        for field, metric in named:
+            if why := unknown_metric(metric, suites, self.eval, rewards):
+                raise ValueError(f"registry.{field}: {why}")
         return self
 
     @model_validator(mode="after")
@@ -290,13 +289,13 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 def _format_validation_error(err: ValidationError, origin: str) -> str:
     lines = [f"invalid config ({origin}):"]
     for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "<root>"
+        field = ".".join(str(p) for p in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown field; check the spelling (`grpo-pipeline config --schema` lists every field)"
         elif not (e["type"] == "value_error" and isinstance(e.get("input"), dict)):  # a section's check names fields
             msg = f"{msg} (got {e.get('input')!r})"
-        lines.append(f"  - {field}: {msg}")
+        lines.append(f"  - {field}: {msg}" if field else f"  - {msg}")  # a whole-config check names its fields
     return "\n".join(lines)
 
 
