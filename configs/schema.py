@@ -184,6 +184,20 @@ class PipelineConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _best_probe_can_restore_its_step(self) -> PipelineConfig:
+        # The probe keeps a step by copying the trainable parameters it sees (tasks/training/probe.py,
+        # `trainable_copy`); under ZeRO-3 each process holds only its shard and the module's parameters are empty
+        # placeholders outside DeepSpeed's gather, so the copy is empty and the kept step could not be restored.
+        launch = self.distributed.accelerate_config
+        if self.grpo.keep == "best_probe" and _zero_stage(launch) == 3:
+            raise ValueError(
+                f"grpo.keep is 'best_probe' but distributed.accelerate_config ({launch}) runs DeepSpeed ZeRO stage 3, "
+                "which partitions the parameters: the probe's copy of the kept step would be empty and could not be "
+                "restored; set grpo.keep=last, or train with configs/accelerate/zero2.yaml (or fsdp2.yaml, ddp.yaml)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _one_grpo_batch_fits(self) -> PipelineConfig:
         # TRL's sampler forms only whole batches of prompts_per_step prompts and drops the rest: with fewer training
         # rows than that, no GRPO step could run (the rows actually prepared are checked again in tasks/preflight.py).
@@ -230,6 +244,20 @@ def _keeps_master_weights(accelerate_config: str | None) -> bool:
     except (OSError, yaml.YAMLError):
         return True
     return not isinstance(launch, dict) or launch.get("distributed_type") in ("DEEPSPEED", "FSDP")
+
+
+def _zero_stage(accelerate_config: str | None) -> int | None:
+    """The DeepSpeed ZeRO stage the accelerate config at `accelerate_config` sets (`deepspeed_config.zero_stage`),
+    None when it sets none or cannot be read here (launching names a missing file, tasks/core/launch.py)."""
+    if accelerate_config is None:
+        return None
+    try:
+        launch = yaml.safe_load(Path(accelerate_config).read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    deepspeed = launch.get("deepspeed_config") if isinstance(launch, dict) else None
+    stage = deepspeed.get("zero_stage") if isinstance(deepspeed, dict) else None
+    return stage if isinstance(stage, int) else None
 
 
 def _as_trained(spec: Any, trained: dict[str, dict]) -> Any:
