@@ -354,3 +354,26 @@ def test_no_stage_trains_on_a_suites_prompts(tmp_path):
     sft = pd.read_parquet(data.sft.path)["prompt"]
     assert not set(drill) & set(sft) and len(sft) == 300 + 1000 - 10 * len(drill)  # each drill row is there 10 times
     assert len(pd.read_parquet(data.train.path)) == 300
+
+
+def test_the_probe_reads_no_suites_prompt(tmp_path):
+    """The probe split chooses checkpoints, ends SFT at its bar and stops rounds: a suite's prompt among its rows is
+    dropped as a training row's is, and its other rows stay."""
+    from grpo_pipeline.flows.grpo_pipeline import prepare_inputs
+
+    def direct(name, stage, /, *, listed=True, **inputs):  # the stages as plain functions, without Prefect
+        return stage.fn(**inputs)
+
+    sizes = [f"run_dir={tmp_path / 'runs'}", "data.num_train=300", "data.num_eval=50", "data.num_probe=40"]
+    cfg = load_config(ROOT / "configs" / "tiny-arith.yaml", sizes)
+    plain, _, _ = prepare_inputs(direct, cfg)
+    probe = pd.read_parquet(plain.probe.path)["prompt"].tolist()
+    planted = probe[:6]
+    (tmp_path / "bench.jsonl").write_text("".join(json.dumps({"q": p, "a": "0"}) + "\n" for p in planted))
+    suites = (
+        f"eval.suites=[{{name: heldout}}, {{name: bench, source: file, path: {tmp_path / 'bench.jsonl'}, "
+        "prompt_column: q, answer_column: a}]"
+    )
+    data, _, _ = prepare_inputs(direct, load_config(ROOT / "configs" / "tiny-arith.yaml", [*sizes, suites]))
+    kept = pd.read_parquet(data.probe.path)["prompt"].tolist()
+    assert not set(planted) & set(kept) and kept == [p for p in probe if p not in planted]
