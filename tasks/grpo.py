@@ -35,8 +35,8 @@ from grpo_pipeline.tasks.core.launch import launched
 from grpo_pipeline.tasks.core.stage import RunContext, stage, user_code
 from grpo_pipeline.tasks.scoring.chat import conversational_dataset
 from grpo_pipeline.tasks.training.health import RoundHealth
-from grpo_pipeline.tasks.training.trainer import adapter_args, load_split, train_policy, vllm_available
-from grpo_pipeline.tasks.training.vllm_rollouts import prepare_vllm_rollouts, rollout_engine
+from grpo_pipeline.tasks.training.trainer import adapter_args, load_split, train_policy
+from grpo_pipeline.tasks.training.vllm_rollouts import prepare_vllm_rollouts, rollout_engine, rollouts_use_vllm
 
 if TYPE_CHECKING:  # the training libraries load when a round runs, not when a cached run imports the flow
     from transformers import PreTrainedTokenizerBase, TrainerCallback
@@ -55,7 +55,7 @@ def trl_grpo_args(
 
     from grpo_pipeline.agents.trainer_args import agent_args
 
-    use_vllm = vllm_available() if cfg.use_vllm == "auto" else bool(cfg.use_vllm)
+    use_vllm = rollouts_use_vllm(cfg)
     if cfg.vllm_mode == "server" and not use_vllm:
         logger.warning(
             "grpo.vllm_mode is 'server' but vLLM is not used here (use_vllm: auto needs CUDA and the vllm package); "
