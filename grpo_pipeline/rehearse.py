@@ -324,7 +324,7 @@ def _shrink(cfg: PipelineConfig, put: Any) -> None:
     put("eval.max_problems", min(cfg.eval.max_problems or EVAL["max_problems"], EVAL["max_problems"]))
     for field in ("max_new_tokens", "batch_size"):
         put(f"eval.{field}", min(getattr(cfg.eval, field), EVAL[field]))
-    gate_k = split_metric(cfg.registry.gating_metric, cfg.eval.suite_names())[1].k or 1
+    gate_k = max(_gate_ks(cfg).values())  # a suite without k of its own reads the eval section's
     n = min(cfg.eval.n_samples, max(MAX_SAMPLES, gate_k))
     put("eval.n_samples", n)
     put("eval.k", sorted({k for k in cfg.eval.k if k <= n} | {1}))
