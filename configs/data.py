@@ -145,7 +145,8 @@ class DataConfig(Section):
     max_prompt_chars: int = Field(default=4096, ge=1, description="Longest prompt accepted by validation (characters).")
     decontaminate: Literal["drop", "error", "off"] = Field(
         default="drop",
-        description="Training rows whose prompt overlaps a benchmark suite's prompts (a run of "
+        description="Training rows (SFT's and the probe split's too) whose prompt overlaps a benchmark suite's "
+        "prompts (a run of "
         "`decontaminate_ngram` words in common, case and punctuation ignored; a prompt shorter than that counts "
         "when it appears whole in the other, tasks/decontaminate.py): 'drop' leaves them out of training and "
         "reports how many per suite; 'error' stops the run, showing them; 'off' compares nothing.",

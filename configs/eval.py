@@ -19,6 +19,8 @@ CORRECTNESS = RewardSpec(name="correctness")
 HELDOUT = "heldout"
 # What a suite's entry may set over the `eval:` section's own values.
 SUITE_OVERRIDES = ("n_samples", "k", "temperature", "top_p", "max_new_tokens", "max_problems")
+# Correctness rewards whose answers are not values to vote on: no maj@k for code.
+NO_VOTE_REWARDS = ("code_tests",)
 
 
 class EvalSuiteConfig(Section):
@@ -188,6 +190,11 @@ class EvalConfig(Section):
             if max(k) > n:
                 raise ValueError(f"suite {suite.name!r}: k {k} exceeds n_samples {n}; raise n_samples or drop them")
         return self
+
+    @property
+    def votes(self) -> bool:
+        """Whether maj@k is scored: the correctness reward's answers are values to vote on."""
+        return self.correctness_reward.name not in NO_VOTE_REWARDS
 
     def suite_names(self) -> list[str]:
         """The suites in order ('heldout' alone when none are configured)."""

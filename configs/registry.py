@@ -15,11 +15,13 @@ class RegistryConfig(Section):
         default="accuracy",
         description="Eval metric that decides champion vs challenger (higher is better): accuracy, pass_at_<k>, "
         "maj_at_<k> or reward/<name>, of the first eval suite, or of a named one as `<suite>/<metric>` "
-        "(`gsm8k_test/accuracy`).",
+        "(`gsm8k_test/accuracy`); one the evaluation produces (configs/metrics.py: k from the suite's k, reward/ on "
+        "held-out suites only), checked when the config loads.",
     )
     guard: list[str] = Field(
         default=[],
-        description="Suite metrics that must not regress (`<suite>/<metric>`, or a bare metric of the first suite): "
+        description="Suite metrics that must not regress (`<suite>/<metric>`, or a bare metric of the first suite; "
+        "named as gating_metric is): "
         "a challenger that wins on gating_metric is promoted only when, for each of these, the lower bound of the "
         "paired bootstrap 95% CI of its difference to the champion on the same items is above -guard_margin "
         "(non-inferiority).",
@@ -41,12 +43,3 @@ class RegistryConfig(Section):
         description="Let a GRPO round that raised a training-health alarm (monitors.*) take `champion` when the gate "
         "promotes it; by default such a round is registered as `challenger` only.",
     )
-
-
-def split_metric(metric: str, suites: list[str]) -> tuple[str, str]:
-    """(suite, metric) of a gating or guarded metric: `gsm8k_test/accuracy` -> ("gsm8k_test", "accuracy"); a bare
-    metric (`accuracy`, `reward/format`) belongs to the first suite."""
-    head, _, rest = metric.partition("/")
-    if rest and head in suites:
-        return head, rest
-    return suites[0], metric

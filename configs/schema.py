@@ -21,9 +21,10 @@ from grpo_pipeline.configs.data import FUNCTION_FAMILIES, DataConfig, SyntheticT
 from grpo_pipeline.configs.distributed import DistributedConfig
 from grpo_pipeline.configs.eval import CORRECTNESS, HELDOUT, EvalConfig, EvalSuiteConfig
 from grpo_pipeline.configs.grpo import DifficultyFilterConfig, GRPOStageConfig, RewardSpec
+from grpo_pipeline.configs.metrics import Metric, split_metric, unknown_metric
 from grpo_pipeline.configs.model import LoraAdapterConfig, ModelConfig, TinyModelConfig
 from grpo_pipeline.configs.monitors import MonitorsConfig
-from grpo_pipeline.configs.registry import RegistryConfig, split_metric
+from grpo_pipeline.configs.registry import RegistryConfig
 from grpo_pipeline.configs.rehearsal import RehearsalConfig
 from grpo_pipeline.configs.sft import SFTStageConfig
 
@@ -40,6 +41,7 @@ __all__ = [
     "EvalSuiteConfig",
     "GRPOStageConfig",
     "LoraAdapterConfig",
+    "Metric",
     "ModelConfig",
     "MonitorsConfig",
     "PipelineConfig",
@@ -138,18 +140,15 @@ class PipelineConfig(Section):
         return {**raw, "eval": filled}
 
     @model_validator(mode="after")
-    def _gate_names_suites(self) -> PipelineConfig:
-        suites = self.eval.suite_names()
-        for field, metric in [
-            ("gating_metric", self.registry.gating_metric),
-            *(("guard", m) for m in self.registry.guard),
-        ]:
-            head, _, rest = metric.partition("/")
-            if rest and head not in suites and head != "reward":
-                raise ValueError(
-                    f"registry.{field} {metric!r} names no eval suite {head!r}; the suites are {suites} "
-                    f"(write <suite>/<metric>, e.g. {suites[0]}/accuracy)"
-                )
+    def _gate_reads_eval_metrics(self) -> PipelineConfig:
+        # The gate reads these after every round has trained: a name the evaluation does not produce would fail the
+        # register stage (gating_metric), or leave a guard with nothing to compare and hold back every promotion.
+        suites, rewards = self.eval.suite_names(), [r.name for r in self.grpo.rewards]
+        named = [("gating_metric", self.registry.gating_metric)]
+        named += [(f"guard[{i}]", m) for i, m in enumerate(self.registry.guard)]
+        for field, metric in named:
+            if why := unknown_metric(metric, suites, self.eval, rewards):
+                raise ValueError(f"registry.{field}: {why}")
         return self
 
     @model_validator(mode="after")
@@ -181,6 +180,20 @@ class PipelineConfig(Section):
             raise ValueError(
                 "grpo.keep is 'best_probe' but data.num_probe is 0, so there is no probe split to choose the step "
                 "by; set data.num_probe (e.g. 128) or grpo.keep=last"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _best_probe_can_restore_its_step(self) -> PipelineConfig:
+        # The probe keeps a step by copying the trainable parameters it sees (tasks/training/probe.py,
+        # `trainable_copy`); under ZeRO-3 each process holds only its shard and the module's parameters are empty
+        # placeholders outside DeepSpeed's gather, so the copy is empty and the kept step could not be restored.
+        launch = self.distributed.accelerate_config
+        if self.grpo.keep == "best_probe" and _zero_stage(launch) == 3:
+            raise ValueError(
+                f"grpo.keep is 'best_probe' but distributed.accelerate_config ({launch}) runs DeepSpeed ZeRO stage 3, "
+                "which partitions the parameters: the probe's copy of the kept step would be empty and could not be "
+                "restored; set grpo.keep=last, or train with configs/accelerate/zero2.yaml (or fsdp2.yaml, ddp.yaml)"
             )
         return self
 
@@ -231,6 +244,20 @@ def _keeps_master_weights(accelerate_config: str | None) -> bool:
     except (OSError, yaml.YAMLError):
         return True
     return not isinstance(launch, dict) or launch.get("distributed_type") in ("DEEPSPEED", "FSDP")
+
+
+def _zero_stage(accelerate_config: str | None) -> int | None:
+    """The DeepSpeed ZeRO stage the accelerate config at `accelerate_config` sets (`deepspeed_config.zero_stage`),
+    None when it sets none or cannot be read here (launching names a missing file, tasks/core/launch.py)."""
+    if accelerate_config is None:
+        return None
+    try:
+        launch = yaml.safe_load(Path(accelerate_config).read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    deepspeed = launch.get("deepspeed_config") if isinstance(launch, dict) else None
+    stage = deepspeed.get("zero_stage") if isinstance(deepspeed, dict) else None
+    return stage if isinstance(stage, int) else None
 
 
 def _as_trained(spec: Any, trained: dict[str, dict]) -> Any:
@@ -290,13 +317,13 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 def _format_validation_error(err: ValidationError, origin: str) -> str:
     lines = [f"invalid config ({origin}):"]
     for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "<root>"
+        field = ".".join(str(p) for p in e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown field; check the spelling (`grpo-pipeline config --schema` lists every field)"
         elif not (e["type"] == "value_error" and isinstance(e.get("input"), dict)):  # a section's check names fields
             msg = f"{msg} (got {e.get('input')!r})"
-        lines.append(f"  - {field}: {msg}")
+        lines.append(f"  - {field}: {msg}" if field else f"  - {msg}")  # a whole-config check names its fields
     return "\n".join(lines)
 
 

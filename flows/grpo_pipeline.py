@@ -332,8 +332,8 @@ def evaluate_suites(run: Stages, cfg: PipelineConfig, policy: Checkpoint, suites
 
 
 def prepare_inputs(run: Stages, cfg: PipelineConfig) -> tuple[DatasetRefs, dict[str, Ref], Decontamination | None]:
-    """The training data and every eval suite's rows, validated; training rows that overlap a suite's prompts are
-    dropped (data.decontaminate) before anything trains."""
+    """The training data and every eval suite's rows, validated; training, SFT and probe rows that overlap a suite's
+    prompts are dropped (data.decontaminate) before anything trains."""
     data = run("prepare_data", prepare_data, cfg=cfg.data, run_dir=cfg.run_dir)
     data = run("validate_data", validate_data, refs=data, cfg=cfg.data)
     suites = suite_sources(cfg.eval, data.eval, {
@@ -345,11 +345,13 @@ def prepare_inputs(run: Stages, cfg: PipelineConfig) -> tuple[DatasetRefs, dict[
     compare = {"suites": suites, "mode": cfg.data.decontaminate, "ngram": cfg.data.decontaminate_ngram,
                "run_dir": cfg.run_dir, "templates": prompt_templates(cfg)}  # fmt: skip
     clean = run("decontaminate", decontaminate, train=data.train, **compare)
-    if data.sft is None:
-        return data.model_copy(update={"train": clean.train}), suites, clean
-    # SFT's own rows (the training split and a drill) are compared too: no stage trains on a suite's prompts
-    sft = run("decontaminate-sft", decontaminate, listed=False, train=data.sft, **compare)
-    return data.model_copy(update={"train": clean.train, "sft": sft.train}), suites, clean
+    kept = {"train": clean.train}
+    if data.sft is not None:  # SFT's own rows (the training split and a drill): no stage trains on a suite's prompts
+        kept["sft"] = run("decontaminate-sft", decontaminate, listed=False, train=data.sft, **compare).train
+    if data.probe is not None:  # the probe chooses checkpoints, ends SFT and stops rounds: it may not read a suite
+        probe = run("decontaminate-probe", decontaminate, listed=False, train=data.probe, split="probe", **compare)
+        kept["probe"] = probe.train
+    return data.model_copy(update=kept), suites, clean
 
 
 def prompt_templates(cfg: PipelineConfig) -> dict[str, str]:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
-from grpo_pipeline.configs.schema import HELDOUT, PipelineConfig, RehearsalConfig, split_metric
+from grpo_pipeline.configs.schema import HELDOUT, Metric, PipelineConfig, RehearsalConfig, split_metric
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.decontaminate import Decontamination
 from grpo_pipeline.tasks.difficulty import DifficultyResult
@@ -411,7 +410,8 @@ def _families(cols: list[str]) -> list[list[str]]:
     """`cols` in runs of one family: `accuracy`, `pass_at_1 pass_at_4`, `maj_at_1 ...`, `reward/a reward/b`."""
     runs: list[tuple[str, list[str]]] = []
     for col in cols:
-        family = col.split("/")[0] if "/" in col else re.sub(r"_at_\d+$", "", col)
+        metric = Metric.read(col)
+        family = metric.kind if metric else col.split("/")[0]  # tools/*: a family of their own
         if runs and runs[-1][0] == family:
             runs[-1][1].append(col)
         else:

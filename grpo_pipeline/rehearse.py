@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_pipeline.configs.algorithm import PolicyLossConfig, vllm_corrections_set
-from grpo_pipeline.configs.schema import ConfigError, PipelineConfig, RehearsalConfig
+from grpo_pipeline.configs.schema import ConfigError, PipelineConfig, RehearsalConfig, split_metric
 
 # The commands import the pipeline's modules inside their bodies, not here: `--help` and the quick commands start
 # without loading Prefect, torch or MLflow, and `setup()` applies Prefect's import-time settings first
@@ -180,12 +180,10 @@ def _rehearsed_suites(cfg: PipelineConfig, copies: dict[str, Path], changed: lis
 
 def _gate_ks(cfg: PipelineConfig) -> dict[str, int]:
     """The largest k that the gating metric and the guards read from each suite (pass_at_<k>, maj_at_<k>)."""
-    from grpo_pipeline.configs.registry import split_metric
-
     ks: dict[str, int] = {}
     for metric in [cfg.registry.gating_metric, *cfg.registry.guard]:
-        suite, bare = split_metric(metric, cfg.eval.suite_names())
-        ks[suite] = max(ks.get(suite, 1), _k_of(bare))
+        suite, read = split_metric(metric, cfg.eval.suite_names())
+        ks[suite] = max(ks.get(suite, 1), read.k or 1)
     return ks
 
 
@@ -330,16 +328,10 @@ def _shrink(cfg: PipelineConfig, put: Any) -> None:
     put("eval.max_problems", min(cfg.eval.max_problems or EVAL["max_problems"], EVAL["max_problems"]))
     for field in ("max_new_tokens", "batch_size"):
         put(f"eval.{field}", min(getattr(cfg.eval, field), EVAL[field]))
-    gate_k = _k_of(cfg.registry.gating_metric)
+    gate_k = max(_gate_ks(cfg).values())  # a suite without k of its own reads the eval section's
     n = min(cfg.eval.n_samples, max(MAX_SAMPLES, gate_k))
     put("eval.n_samples", n)
     put("eval.k", sorted({k for k in cfg.eval.k if k <= n} | {1}))
-
-
-def _k_of(metric: str) -> int:
-    """The k of a `pass_at_<k>` / `maj_at_<k>` gating metric (1 for any other)."""
-    head, _, k = metric.rpartition("_at_")
-    return int(k) if head and k.isdigit() else 1
 
 
 def _stand_in(cfg: PipelineConfig) -> tuple[Path, str]:

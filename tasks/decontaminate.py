@@ -195,6 +195,7 @@ class Decontamination(BaseModel):
     num_rows: int  # training rows before decontamination
     ngram: int
     mode: str
+    split: str = "training"  # whose rows were compared: "training" (train, SFT's) or "probe" (GRPO's and SFT's probe)
 
     @property
     def total(self) -> int:
@@ -205,15 +206,18 @@ class Decontamination(BaseModel):
         """One sentence for the run summary and the logs."""
         grams = f"{self.ngram}-word n-grams"
         if self.mode == "off":
-            return "decontamination: off (data.decontaminate=off): training rows not compared with benchmark prompts"
+            return (
+                f"decontamination: off (data.decontaminate=off): {self.split} rows not compared with benchmark prompts"
+            )
         if not self.dropped:
-            return "decontamination: no benchmark suite to compare the training rows with"
+            return f"decontamination: no benchmark suite to compare the {self.split} rows with"
         if not self.total:
             return (
-                f"decontamination: no training row overlaps {_names(list(self.dropped), 'or')} "
+                f"decontamination: no {self.split} row overlaps {_names(list(self.dropped), 'or')} "
                 f"({self.num_rows} rows; {grams})"
             )
-        return f"decontamination: dropped {self.total} of {self.num_rows} training rows ({self.overlaps()}; {grams})"
+        dropped = f"dropped {self.total} of {self.num_rows} {self.split} rows"
+        return f"decontamination: {dropped} ({self.overlaps()}; {grams})"
 
     def overlaps(self) -> str:
         """The suites overlapped, with how many rows each: '2 overlap gsm8k_test, 1 overlap heldout'."""
@@ -233,14 +237,14 @@ def _names(names: list[str], last: str) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
 
 
-def _offenders(prompts: Sequence[str], hits: Mapping[str, list[int]], rows: Sequence[int]) -> str:
-    """The first offending training rows, one line each: row number, suites, the prompt cut short."""
+def _offenders(prompts: Sequence[str], hits: Mapping[str, list[int]], rows: Sequence[int], split: str) -> str:
+    """The first offending rows of `split`, one line each: row number, suites, the prompt cut short."""
     out = []
     for row in rows[:SHOWN]:
         suites = ", ".join(s for s, found in hits.items() if row in found)
         text = " ".join(visible_text(prompts[row]).split())
         cut = text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
-        out.append(f"  - train row {row} ({suites}): {cut!r}")
+        out.append(f"  - {'train' if split == 'training' else split} row {row} ({suites}): {cut!r}")
     more = len(rows) - SHOWN
     return "\n".join(out + ([f"  ... and {more} more"] if more > 0 else []))
 
@@ -253,18 +257,21 @@ def decontaminate(
     ngram: int,
     run_dir: str,
     templates: dict[str, str] | None = None,
+    split: str = "training",
     *,
     out: Path,
 ) -> Decontamination:
     """Compare the training split's prompts with every suite's and, by `mode` (data.decontaminate), drop the rows
     that overlap ('drop': the kept rows written to `out/train.parquet`), stop the run ('error'), or compare
     nothing ('off'). `templates` gives each side's prompt_template (`train` and the suites by name), whose own
-    text is taken off its prompts before they are compared."""
+    text is taken off its prompts before they are compared. `split` names the rows in messages: "training", or
+    "probe" for the probe split (`train` is then the probe's rows), which chooses checkpoints and ends SFT and
+    rounds, so a suite's prompt in it would choose by the benchmark."""
     if mode not in MODES:
         raise ValueError(f"data.decontaminate is {mode!r}; use one of {', '.join(MODES)}")
     if mode == "off":
         num_rows = pq.read_metadata(train.require()).num_rows
-        return Decontamination(train=train, dropped={}, num_rows=num_rows, ngram=ngram, mode=mode)
+        return Decontamination(train=train, dropped={}, num_rows=num_rows, ngram=ngram, mode=mode, split=split)
     df = pd.read_parquet(train.require())
     prompts = df["prompt"].tolist()
     templates = templates or {}
@@ -282,20 +289,21 @@ def decontaminate(
         num_rows=len(df),
         ngram=ngram,
         mode=mode,
+        split=split,
     )
     if not rows:
         logger.info(result.line())
         return result
     if mode == "error":
         raise DataError(
-            f"{len(rows)} of {len(df)} training rows overlap benchmark prompts ({result.overlaps()}; {ngram}-word "
-            f"n-grams):\n{_offenders(prompts, hits, rows)}\nRemove them from the training data, or set "
-            "data.decontaminate=drop to leave them out of training"
+            f"{len(rows)} of {len(df)} {split} rows overlap benchmark prompts ({result.overlaps()}; {ngram}-word "
+            f"n-grams):\n{_offenders(prompts, hits, rows, split)}\nRemove them from the data source, or set "
+            f"data.decontaminate=drop to leave them out of the {split} rows"
         )
     if len(rows) == len(df):
         raise DataError(
-            f"every one of the {len(df)} training rows overlaps benchmark prompts ({result.overlaps()}; {ngram}-word "
-            "n-grams), so none is left to train on: are the suites the training data itself? Check eval.suites "
+            f"every one of the {len(df)} {split} rows overlaps benchmark prompts ({result.overlaps()}; {ngram}-word "
+            f"n-grams), so none is left: are the suites the {split} data itself? Check eval.suites "
             "and the data source, or set data.decontaminate=off"
         )
     dropped = set(rows)
@@ -304,5 +312,5 @@ def decontaminate(
         kept.to_parquet(tmp / "train.parquet", index=False)
     path = out / "train.parquet"
     result = result.model_copy(update={"train": Ref(path=str(path), fingerprint=fingerprint_path(path))})
-    logger.warning("%s; the first:\n%s", result.line(), _offenders(prompts, hits, rows))
+    logger.warning("%s; the first:\n%s", result.line(), _offenders(prompts, hits, rows, split))
     return result

@@ -35,8 +35,8 @@ from grpo_pipeline.tasks.core.common import Checkpoint, Ref, logger
 from grpo_pipeline.tasks.core.launch import launched
 from grpo_pipeline.tasks.core.stage import RunContext, stage, user_code
 from grpo_pipeline.tasks.training.health import RoundHealth, health_callback
-from grpo_pipeline.tasks.training.trainer import adapter_args, load_split, train_policy, vllm_available
-from grpo_pipeline.tasks.training.vllm_rollouts import prepare_vllm_rollouts, rollout_engine
+from grpo_pipeline.tasks.training.trainer import adapter_args, load_split, train_policy
+from grpo_pipeline.tasks.training.vllm_rollouts import prepare_vllm_rollouts, rollout_engine, rollouts_use_vllm
 
 # The training libraries load when a round runs, not when a cached run imports the flow: the modules that import them
 # at their top (tasks/training/probe.py, agents/trainer_args.py: transformers) are imported inside the functions.
@@ -57,7 +57,7 @@ def trl_grpo_args(
 
     from grpo_pipeline.agents.trainer_args import agent_args
 
-    use_vllm = vllm_available() if cfg.use_vllm == "auto" else bool(cfg.use_vllm)
+    use_vllm = rollouts_use_vllm(cfg)
     if cfg.vllm_mode == "server" and not use_vllm:
         logger.warning(
             "grpo.vllm_mode is 'server' but vLLM is not used here (use_vllm: auto needs CUDA and the vllm package); "

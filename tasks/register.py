@@ -141,7 +141,10 @@ def _run_in_this_store(client: MlflowClient, policy: Checkpoint, experiment_id: 
 
 def _metric(result: EvalResult, name: str) -> float:
     metrics = result.metrics()
-    name = split_metric(name, [result.suite])[1]
+    try:
+        name = split_metric(name, [result.suite])[1].name
+    except ValueError as e:
+        raise ValueError(f"registry.gating_metric: {e}") from None
     if name not in metrics:
         raise ValueError(f"registry.gating_metric {name!r} is not an eval metric; choose one of {sorted(metrics)}")
     return metrics[name]

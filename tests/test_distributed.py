@@ -209,3 +209,16 @@ def test_an_accelerate_config_that_does_not_exist_is_named(tmp_path: Path) -> No
     ctx = RunContext(run_dir="runs", experiment="e", recipe="r", seed=0, num_processes=2, accelerate_config="nope.yaml")
     with pytest.raises(ConfigError, match=r"distributed\.accelerate_config"):
         launch_command(ctx, tmp_path / "job.json")
+
+
+def test_zero3_with_best_probe_is_refused_when_the_config_loads():
+    """Under ZeRO-3 the probe's parameter copy of the kept step would be empty (the parameters are partitioned), so
+    the step it chose could never be restored: the combination is refused before anything runs, saying what to
+    change; ZeRO-2 and keep=last stay allowed."""
+    zero3 = f"distributed.accelerate_config={ROOT / 'configs/accelerate/zero3.yaml'}"
+    best = ["data.num_probe=16", "grpo.probe_problems=16", "grpo.keep=best_probe"]
+    with pytest.raises(ConfigError, match="ZeRO stage 3") as e:
+        load_config(None, [*best, zero3])
+    assert "grpo.keep=last" in str(e.value) and "zero2.yaml" in str(e.value)
+    load_config(None, [*best, f"distributed.accelerate_config={ROOT / 'configs/accelerate/zero2.yaml'}"])
+    load_config(None, ["grpo.keep=last", zero3])

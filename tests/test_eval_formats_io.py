@@ -14,12 +14,12 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from grpo_pipeline.configs.eval import NO_VOTE_REWARDS
 from grpo_pipeline.configs.schema import load_config
 from grpo_pipeline.rewards.code_formats import CallCase, ParsedTests, StdioCase, parse_tests
 from grpo_pipeline.tasks.data import prepare_data
 from grpo_pipeline.tasks.scoring.adapters import code_io_prompt
 from grpo_pipeline.tasks.scoring.formats import FORMATS, correctness_reward_for, detect_format, load_eval_rows
-from grpo_pipeline.tasks.scoring.items import NO_VOTE_REWARDS
 from grpo_pipeline.tasks.sources import DataError
 from grpo_pipeline.tasks.validate import validate_data
 

@@ -358,3 +358,16 @@ def test_the_tools_rehearsal_runs_a_real_call_and_its_result(shared_data, code_s
     assert re.fullmatch(r"python: a scripted call with .* ran 1 call\(s\), 0 failed, result '42\\n'; the stand-in "
                         r"then wrote [1-9]\d* tokens", line), line  # fmt: skip
     assert "Tool calls demonstrated (a scripted first turn):" in cfg.rehearsal.lines()
+
+
+def test_a_guards_k_survives_the_rehearsals_fewer_samples(tmp_path):
+    """The rehearsal shrinks eval.n_samples and eval.k; the k a guard reads from the eval section stays (the config
+    check refuses a guard on a metric the evaluation would not produce)."""
+    train = write_jsonl(tmp_path / "train.jsonl", gsm8k_rows())
+    original = load_config(
+        ROOT / "configs" / "qwen2.5-0.5b-gsm8k.yaml",
+        [f"run_dir={tmp_path}", "data.source=file", f"data.path={train}", "eval.suites=[]",
+         "registry.gating_metric=accuracy", "registry.guard=[pass_at_4]"],
+    )  # fmt: skip
+    cfg = rehearsal_config(original)
+    assert 4 in cfg.eval.k and cfg.eval.n_samples >= 4 and cfg.registry.guard == ["pass_at_4"]

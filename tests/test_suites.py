@@ -12,7 +12,15 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from grpo_pipeline.configs.schema import HELDOUT, ConfigError, PipelineConfig, RewardSpec, load_config
+from grpo_pipeline.configs.schema import (
+    HELDOUT,
+    ConfigError,
+    Metric,
+    PipelineConfig,
+    RewardSpec,
+    load_config,
+    split_metric,
+)
 from grpo_pipeline.tasks.core.common import Ref, fingerprint_path
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.register import register_policy
@@ -79,6 +87,62 @@ def test_a_suite_overrides_the_sampling_and_the_scorer_and_keys_only_itself(tmp_
 def test_a_bad_suite_is_one_error_naming_the_field(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
+
+
+BENCH = (
+    "eval.suites=[{name: heldout}, {name: bench, source: synthetic, synthetic: {kind: arithmetic}, k: [1, 2], "
+    "n_samples: 2}]"
+)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "why", "valid"),
+    [
+        (["registry.gating_metric=acuracy"], "registry.gating_metric", "not an eval metric name",
+         "accuracy, pass_at_1, pass_at_4, pass_at_8, maj_at_1, maj_at_4, maj_at_8, reward/correctness, reward/format"),
+        (["registry.gating_metric=pass_at_16"], "registry.gating_metric", "16 is not in eval.k [1, 4, 8]", "pass_at_8"),
+        (["registry.gating_metric=pass_at_04"], "registry.gating_metric", "not an eval metric name", "pass_at_4"),
+        (["eval.correctness_reward=code_tests", "registry.guard=[maj_at_4]"], "registry.guard[0]",
+         "no final answer to vote on", "pass_at_8, reward/correctness"),
+        (["registry.guard=[accuracy, reward/lenght]"], "registry.guard[1]", "'lenght' is not one of grpo.rewards",
+         "reward/format"),
+        # another benchmark is not scored on the training rewards: a guard on one could never be compared
+        ([BENCH, "registry.guard=[bench/reward/format]"], "registry.guard[0]", "held-out suites only",
+         "bench/accuracy, bench/pass_at_1, bench/pass_at_2, bench/maj_at_1, bench/maj_at_2"),
+        ([BENCH, "registry.gating_metric=bench/pass_at_4"], "registry.gating_metric",
+         "4 is not in the suite's k [1, 2]", "bench/pass_at_2"),
+    ],
+)  # fmt: skip
+def test_a_gate_metric_the_evaluation_does_not_produce_is_refused_when_the_config_loads(overrides, field, why, valid):
+    """The gate reads its metrics after every round has trained: a name no evaluation produces is refused up front,
+    naming the field, the value, what is wrong and the names that are valid."""
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    message = str(e.value)
+    assert f"{field}: " in message and why in message and valid in message.partition("; valid names: ")[2]
+
+
+def test_metric_names_read_one_way():
+    assert split_metric("accuracy", ["a", "b"]) == ("a", Metric("accuracy"))
+    assert split_metric("b/pass_at_4", ["a", "b"]) == ("b", Metric("pass_at", k=4))
+    assert split_metric("reward/format", ["a", "b"]) == ("a", Metric("reward", reward="format"))
+    assert split_metric("b/reward/format", ["a", "b"]) == ("b", Metric("reward", reward="format"))
+    assert [str(Metric.parse(n)) for n in ("maj_at_16", "reward/x")] == ["maj_at_16", "reward/x"]
+    for bad in ("pass_at_0", "pass_at_", "pass_at_4x", "reward/", "f1", "tools/call_frequency"):
+        assert Metric.read(bad) is None
+    with pytest.raises(ValueError, match="names no eval suite 'c'"):
+        split_metric("c/accuracy", ["a", "b"])
+
+
+def test_the_cli_refuses_a_misspelt_gating_metric_before_anything_runs():
+    from typer.testing import CliRunner
+
+    from grpo_pipeline.cli import app
+
+    result = CliRunner().invoke(app, ["config", "registry.gating_metric=acuracy"])
+    assert result.exit_code == 2
+    assert "registry.gating_metric: 'acuracy' is not an eval metric name" in result.output
+    assert "valid names: accuracy, pass_at_1" in result.output
 
 
 def test_the_gate_may_name_any_suites_metric(tmp_path):
@@ -290,3 +354,26 @@ def test_no_stage_trains_on_a_suites_prompts(tmp_path):
     sft = pd.read_parquet(data.sft.path)["prompt"]
     assert not set(drill) & set(sft) and len(sft) == 300 + 1000 - 10 * len(drill)  # each drill row is there 10 times
     assert len(pd.read_parquet(data.train.path)) == 300
+
+
+def test_the_probe_reads_no_suites_prompt(tmp_path):
+    """The probe split chooses checkpoints, ends SFT at its bar and stops rounds: a suite's prompt among its rows is
+    dropped as a training row's is, and its other rows stay."""
+    from grpo_pipeline.flows.grpo_pipeline import prepare_inputs
+
+    def direct(name, stage, /, *, listed=True, **inputs):  # the stages as plain functions, without Prefect
+        return stage.fn(**inputs)
+
+    sizes = [f"run_dir={tmp_path / 'runs'}", "data.num_train=300", "data.num_eval=50", "data.num_probe=40"]
+    cfg = load_config(ROOT / "configs" / "tiny-arith.yaml", sizes)
+    plain, _, _ = prepare_inputs(direct, cfg)
+    probe = pd.read_parquet(plain.probe.path)["prompt"].tolist()
+    planted = probe[:6]
+    (tmp_path / "bench.jsonl").write_text("".join(json.dumps({"q": p, "a": "0"}) + "\n" for p in planted))
+    suites = (
+        f"eval.suites=[{{name: heldout}}, {{name: bench, source: file, path: {tmp_path / 'bench.jsonl'}, "
+        "prompt_column: q, answer_column: a}]"
+    )
+    data, _, _ = prepare_inputs(direct, load_config(ROOT / "configs" / "tiny-arith.yaml", [*sizes, suites]))
+    kept = pd.read_parquet(data.probe.path)["prompt"].tolist()
+    assert not set(planted) & set(kept) and kept == [p for p in probe if p not in planted]

@@ -245,3 +245,68 @@ def test_a_scripted_call_demonstrates_the_text_tool(tiny_dir: Path) -> None:
     episode = demonstrate(AutoModelForCausalLM.from_pretrained(tiny_dir), tokenizer, CALC, "calculator")
     assert episode.text.startswith("<<6*7=42>>") and (episode.calls, episode.errors) == (1, 0)
     assert first_result(episode, tokenizer) == "42>>" and tokens_after_result(episode) >= 1
+
+
+# ----------------------------------------------------------------------------- text tool calls with vLLM rollouts
+
+TOOLS_RECIPE = Path(__file__).resolve().parents[1] / "configs" / "tiny-tools.yaml"
+
+
+def test_text_tool_calls_with_vllm_rollouts_are_refused_before_sft(tmp_path, monkeypatch):
+    """The text loop generates with transformers and refuses a trainer that uses vLLM (it would fail at the first
+    GRPO step, after SFT): where `auto` resolves to vLLM (simulated: CUDA and the vllm package), the input checks
+    that run between base_model and sft_warmup refuse it, saying what to set."""
+    import grpo_pipeline.tasks.training.trainer as trainer
+    from grpo_pipeline.flows.grpo_pipeline import prepare_inputs
+    from grpo_pipeline.tasks.model import prepare_base_model
+    from grpo_pipeline.tasks.preflight import PreflightError, check_inputs
+
+    def direct(name, stage, /, *, listed=True, **inputs):  # the stages as plain functions, without Prefect
+        return stage.fn(**inputs)
+
+    monkeypatch.setattr(trainer, "vllm_available", lambda: True)  # a CUDA machine with vLLM installed
+    small = [f"run_dir={tmp_path / 'runs'}", "data.num_train=64", "data.num_eval=16", "data.num_probe=16",
+             "grpo.probe_problems=16"]  # fmt: skip
+    for use_vllm, refused in (("auto", True), ("true", True), ("false", False)):
+        cfg = load_config(TOOLS_RECIPE, [*small, f"grpo.use_vllm={use_vllm}"])
+        data = prepare_inputs(direct, cfg)[0]
+        base = prepare_base_model(cfg.model, cfg.run_dir, cfg.seed)
+        inputs = {"data": data, "base": base, "grpo": cfg.grpo, "eval_cfg": cfg.eval, "sft_enabled": True}
+        if not refused:
+            check_inputs(**inputs)
+            continue
+        with pytest.raises(PreflightError, match=r"grpo\.use_vllm is (auto|true)") as e:
+            check_inputs(**inputs)
+        assert "called in text" in str(e.value) and "set grpo.use_vllm=false" in str(e.value)
+
+
+@pytest.mark.integration
+def test_the_flow_stops_a_text_tool_recipe_with_vllm_before_sft(tmp_path, prefect_api):
+    """The whole flow on a simulated CUDA machine with vLLM (use_vllm: auto resolves to it): the input checks stop
+    it with the fix, and no SFT or GRPO checkpoint was written."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from tests.helpers import cli_env, micro_overrides
+
+    overrides = [*micro_overrides(tmp_path / "runs"), "grpo.use_vllm=auto"]  # the recipe itself says false
+    script = textwrap.dedent(f"""
+        import grpo_pipeline.tasks.training.trainer as trainer
+        trainer.vllm_available = lambda: True  # CUDA and the vllm package, as on a GPU worker
+        from grpo_pipeline.configs.schema import load_config
+        from grpo_pipeline.flows.grpo_pipeline import grpo_pipeline
+        from grpo_pipeline.tasks.preflight import PreflightError
+
+        try:
+            grpo_pipeline(config=load_config({str(TOOLS_RECIPE)!r}, {overrides!r}))
+        except PreflightError as e:
+            print("REFUSED", e)
+    """)
+    env = cli_env(tmp_path, PREFECT_API_URL=prefect_api)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert "REFUSED" in proc.stdout and "set grpo.use_vllm=false" in proc.stdout, proc.stderr[-4000:]
+    written = sorted(p.name for p in (tmp_path / "runs").glob("*"))
+    assert "base" in " ".join(written) and not [n for n in written if n == "sft" or n.startswith("grpo-round")]

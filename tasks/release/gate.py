@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
-from grpo_pipeline.configs.schema import HELDOUT, RegistryConfig, split_metric
+from grpo_pipeline.configs.schema import HELDOUT, Metric, RegistryConfig, split_metric
 from grpo_pipeline.tasks.core.common import Ref, logger
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.release.registered import fetch_registered
@@ -161,10 +161,11 @@ class GateDecision(BaseModel):
         return [g.explain() for g in self.guards]
 
 
-def item_metric(items: pd.DataFrame, metric: str) -> pd.Series:
+def item_metric(items: pd.DataFrame, metric: Metric | str) -> pd.Series:
     """The gating metric per eval item, indexed by item id: `accuracy` (greedy correct), `pass_at_<k>`,
-    `maj_at_<k>` or `reward/<name>` (the item's mean reward). An unscored item (None or NaN, or no such column or
-    key in its row) is NaN."""
+    `maj_at_<k>` or `reward/<name>` (the item's mean reward; configs/metrics.py). An unscored item (None or NaN, or
+    no such column or key in its row) is NaN. A name outside that grammar raises ValueError."""
+    metric = Metric.parse(metric) if isinstance(metric, str) else metric
 
     def column(name: str) -> pd.Series:
         return items[name] if name in items else pd.Series(None, index=items.index, dtype=object)
@@ -172,16 +173,13 @@ def item_metric(items: pd.DataFrame, metric: str) -> pd.Series:
     def key(name: str, k: str) -> pd.Series:
         return column(name).map(lambda d: d.get(k) if isinstance(d, dict) else None)
 
-    if metric == "accuracy":
+    if metric.kind == "accuracy":
         values = column("greedy_correct")
-    elif metric.startswith(("pass_at_", "maj_at_")):
-        kind, k = metric.rsplit("_", 1)  # pass_at_4 -> the column pass_at_k, key "4"
-        values = key(f"{kind}_k", k)
-    elif metric.startswith("reward/"):
-        values = key("reward_means", metric.removeprefix("reward/"))
-    else:
-        raise ValueError(f"no per-item scores for gating metric {metric!r}")
-    return pd.Series(values.to_numpy(dtype=float, na_value=np.nan), index=items["id"], name=metric)
+    elif metric.kind == "reward":
+        values = key("reward_means", str(metric.reward))
+    else:  # pass_at_4 -> the column pass_at_k, key "4"
+        values = key(f"{metric.kind}_k", str(metric.k))
+    return pd.Series(values.to_numpy(dtype=float, na_value=np.nan), index=items["id"], name=metric.name)
 
 
 def decide(
@@ -220,9 +218,7 @@ def _guards(
     names = list(suites)
     checks = []
     for metric in cfg.guard:
-        suite, bare = split_metric(metric, names)
-        if suite not in suites:
-            raise ValueError(f"registry.guard {metric!r}: suite {suite!r} was not evaluated (suites: {names})")
+        suite, bare = split_metric(metric, names)  # the config check has named every suite a guard reads
         checks.append(_guard(client, champion, metric, bare, suites[suite], cfg.guard_margin, ctx))
     return checks
 
@@ -231,7 +227,7 @@ def _guard(
     client: MlflowClient,
     champion: ModelVersion | None,
     metric: str,
-    bare: str,
+    bare: Metric,
     result: EvalResult,
     margin: float,
     ctx: RunContext,

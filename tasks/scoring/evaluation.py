@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 from pydantic import BaseModel
 
-from grpo_pipeline.configs.schema import HELDOUT, EvalConfig, RewardSpec
+from grpo_pipeline.configs.schema import HELDOUT, EvalConfig, Metric, RewardSpec
 from grpo_pipeline.rewards.registry import REGISTRY, RewardError
 from grpo_pipeline.tasks.core.chat import render_prompt
 from grpo_pipeline.tasks.core.common import Ref, atomic_dir, load_tokenizer, logger
@@ -263,7 +263,7 @@ def unscored_shares(result: EvalResult) -> dict[str, tuple[int, int]]:
     shares = {
         m: (n, result.num_problems)
         for m, n in result.unscored.items()
-        if m == "accuracy" or m.startswith(("pass_at_", "maj_at_"))
+        if (metric := Metric.read(m)) is not None and metric.by_correctness
     }
     shares["sampled completions"] = (result.unscored_completions - greedy, result.num_problems * result.n_samples)
     return shares

@@ -26,9 +26,6 @@ from grpo_pipeline.tasks.core.chat import as_completion, as_prompt
 from grpo_pipeline.tasks.core.common import logger
 from grpo_pipeline.tasks.scoring.metrics import majority_correct, scored_pass_at_k
 
-# Rewards whose answers are not values to vote on: no maj@k for code.
-NO_VOTE_REWARDS = ("code_tests",)
-
 
 def item_id(prompt: Any) -> str:
     """A stable id for an eval item: the same prompt has the same id in every eval set (paired comparisons)."""
@@ -129,7 +126,7 @@ def score_items(
     correctness = build_spec(cfg.correctness_reward)
     greedy_judged, greedy_why = judge(correctness, rows, [[g] for g in greedy], _singletons(greedy_ids))
     sampled_ok, sampled_why = judge(correctness, rows, sampled, sampled_ids)
-    vote = cfg.correctness_reward.name not in NO_VOTE_REWARDS
+    vote = cfg.votes
     per_reward = {
         spec.name: reward_scores(build_reward(spec.name, spec.params, spec.timeout_s), rows, sampled, sampled_ids)
         for spec in rewards
