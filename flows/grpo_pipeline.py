@@ -356,7 +356,8 @@ def sft_bar(cfg: PipelineConfig, data: DatasetRefs) -> dict[str, Any]:
     return {"probe": data.probe, "correctness_reward": cfg.eval.correctness_reward,
             "probe_tokens": cfg.eval.max_new_tokens, "tools": tuple(cfg.eval.tools or ()),
             "max_tool_turns": cfg.eval.max_tool_turns or 1,  # episodes, as evaluation runs them
-            **({"environment": cfg.eval.environment} if cfg.eval.environment else {})}  # fmt: skip
+            **({"environment": cfg.eval.environment} if cfg.eval.environment else {}),
+            **({"tool_params": cfg.eval.tool_params} if cfg.eval.tool_params else {})}  # fmt: skip
 
 
 def grpo_round(

@@ -135,6 +135,15 @@ def test_python_wrong_twin_and_errors_reach_the_model() -> None:
     assert run_python("x = 1", FAST) == "(no output)"
 
 
+def test_python_output_keeps_the_programs_write_order() -> None:
+    """A traceback comes after what the program printed before it, and stderr lines where they were written."""
+    out = run_python("print('before')\nraise ValueError('late')", FAST)
+    assert out.startswith("before\nTraceback (most recent call last):"), out
+    assert out.endswith("ValueError: late\n")
+    code = "import sys\nprint('one')\nprint('two', file=sys.stderr)\nprint('three')\nsys.stderr.write('four\\n')"
+    assert run_python(code, FAST) == "one\ntwo\nthree\nfour\n"
+
+
 def test_python_infinite_loop_is_stopped() -> None:
     start = time.monotonic()
     out = run_python("while True:\n    pass", FAST)
