@@ -208,11 +208,17 @@ def grpo_pipeline(
     `overrides` (`key.sub=value` strings, as on the command line); neither means the defaults.
     """
     cfg = resolve_config(config, recipe, overrides)
+    return report(cfg, run_stages(cfg, Stages()))
+
+
+def run_stages(cfg: PipelineConfig, run: Stages) -> Summary:
+    """The flow's body: every stage through `run`, the flow's Prefect tasks (benchmarks/overhead.py runs the same
+    body with a `run` that calls the stage functions themselves, to measure what Prefect adds)."""
     setup(cfg)
     check_config(cfg)  # run dir, rewards, base model path: fail before any stage runs
     check_model_runtime(cfg.model)  # 4-bit weights need CUDA
     check_vllm_runtime(cfg.grpo)  # so do vLLM rollouts
-    ctx, run = RunContext.of(cfg), Stages()
+    ctx = RunContext.of(cfg)
 
     data, suites, clean = prepare_inputs(run, cfg)
     model_cfg = run("pin_model", pin_model, listed=False, cfg=cfg.model, run_dir=cfg.run_dir)
@@ -246,11 +252,10 @@ def grpo_pipeline(
 
     release = Release(run, cfg, base, baselines, sft_warning=warning, clean=clean)
     rounds, stopped = grpo_rounds(run, cfg, policy, baselines, data, suites, model_cfg, release)
-    summary = Summary.build(
+    return Summary.build(
         cfg, run.records, baseline, rounds,
         sft_warning=warning, scores_of=scores_of, suite_seconds=run.suite_seconds, clean=clean, stopped=stopped,
     )  # fmt: skip
-    return report(cfg, summary)
 
 
 Scores = dict[str, EvalResult]  # a policy's evaluation on every suite, by suite name, in the configured order
