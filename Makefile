@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # fixtures are built once), the slowest files first (tests/conftest.py). PYTEST_WORKERS=1 runs them in one process.
 PYTEST_WORKERS ?= auto
 
-.PHONY: run test test-fast test-postgres test-vllm test-ray gpu-check lint install serve stop status clean
+.PHONY: run test test-fast test-postgres test-vllm test-ray test-benchmarks gpu-check lint install serve stop status clean
 
 # bubblewrap isolates model-written programs in the code reward's sandbox (docs/rewards.md); without it, as root,
 # the sandbox refuses to run them. Installed where we can (root on Debian/Ubuntu); never fails the install.
@@ -49,7 +49,13 @@ status: install
 # Lint first, then every test but the tiers that need more than this environment (test-postgres, test-vllm,
 # every test marked `ray`, which test-ray runs).
 test: install lint
-	$(BIN)/python -m pytest -q $(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder) --ignore=tests/test_stack_postgres.py --ignore=tests/test_ray.py -m "not ray" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder) --ignore=tests/test_stack_postgres.py --ignore=tests/test_ray.py -m "not ray and not benchmarks" $(PYTEST_ARGS)
+
+# The benchmarks tier: every script in benchmarks/ once at its smallest settings (tests/test_benchmarks_smoke.py), so
+# a change that breaks one fails here; minutes of pipeline runs, one after another. Scripts that need Ray (run as
+# root), vLLM's environment or a GPU use what the tiers above installed, or say why they were skipped.
+test-benchmarks: install
+	$(BIN)/python -m pytest -q -m benchmarks tests/test_benchmarks_smoke.py $(PYTEST_ARGS)
 
 # The PostgreSQL tier: the stack's record-writing tests again with both servers on a private PostgreSQL server
 # (tests/test_stack_postgres.py; skipped, with the reason, where PostgreSQL's server programs are not installed).
@@ -88,7 +94,7 @@ test-ray: $(VENV)/.ray-installed
 
 # Unit tests only: no server, no sandbox, no pipeline run (well under a minute).
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not integration" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not integration and not benchmarks" $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .
