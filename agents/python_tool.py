@@ -52,7 +52,7 @@ def _grpo_tool_main(source):
                                   line_buffering=False, write_through=True)
         setattr(sys, name, stream)
         setattr(sys, "__" + name + "__", stream)
-    namespace = {"__name__": "__main__", "__builtins__": __builtins__, "exit": exit, "quit": quit}
+    namespace = {"__name__": "__main__", "__file__": __file__, "__builtins__": __builtins__, "exit": exit, "quit": quit}
     try:
         exec(compile(source, "<python>", "exec"), namespace)
     except SystemExit as e:
