@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # fixtures are built once), the slowest files first (tests/conftest.py). PYTEST_WORKERS=1 runs them in one process.
 PYTEST_WORKERS ?= auto
 
-.PHONY: run test test-slow test-fast test-postgres test-vllm test-ray gpu-check lint install serve stop status clean
+.PHONY: run test test-slow test-fast test-postgres test-vllm test-ray test-benchmarks gpu-check lint install serve stop status clean
 
 # bubblewrap isolates model-written programs in the code reward's sandbox (docs/rewards.md); without it, as root,
 # the sandbox refuses to run them. Installed where we can (root on Debian/Ubuntu); never fails the install.
@@ -55,7 +55,7 @@ status: install
 PYTEST_PARALLEL = $(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 test: install lint
-	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --durations=25 --ignore=tests/test_stack_postgres.py --ignore=tests/test_ray.py -m "not ray and not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --durations=25 --ignore=tests/test_stack_postgres.py --ignore=tests/test_ray.py -m "not ray and not slow and not benchmarks" $(PYTEST_ARGS)
 
 # The slow tier: tests over a minute each whose path a quicker test in `make test` also takes (tests marked `slow`:
 # the rehearsals of the recipes' LoRA, QLoRA, multi-GPU and tools variants, a pipeline SIGKILLed and resumed, an
@@ -63,6 +63,12 @@ test: install lint
 # module's edits). .ci/run runs it after `make test`.
 test-slow: install
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --durations=25 --ignore=tests/test_stack_postgres.py --ignore=tests/test_ray.py -m "slow and not ray" $(PYTEST_ARGS)
+
+# The benchmarks tier: every script in benchmarks/ once at its smallest settings (tests/test_benchmarks_smoke.py), so
+# a change that breaks one fails here; minutes of pipeline runs, one after another. Scripts that need Ray (run as
+# root), vLLM's environment or a GPU use what the tiers above installed, or say why they were skipped.
+test-benchmarks: install
+	$(BIN)/python -m pytest -q -m benchmarks tests/test_benchmarks_smoke.py $(PYTEST_ARGS)
 
 # The PostgreSQL tier: the stack's record-writing tests again with both servers on a private PostgreSQL server
 # (tests/test_stack_postgres.py; skipped, with the reason, where PostgreSQL's server programs are not installed).
@@ -101,7 +107,7 @@ test-ray: $(VENV)/.ray-installed
 
 # Unit tests only: no server, no sandbox, no pipeline run (well under a minute).
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not integration" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not integration and not benchmarks" $(PYTEST_ARGS)
 
 # lint-imports checks the layering contracts in pyproject.toml ([tool.importlinter]). It finds a package's modules by
 # walking the package's one folder, while `grpo_pipeline` spans the folders pyproject's package-dir maps into it; so

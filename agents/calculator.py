@@ -3,8 +3,10 @@
 Why not `eval` with empty builtins: the model's text is hostile input (`().__class__.__base__...` escapes an empty
 namespace), and even plain arithmetic such as `9**9**9` would hold the training process for minutes. So only
 number literals, `+ - * / // % **`, unary signs and parentheses are accepted, every value is an exact `Fraction`
-(`0.1 + 0.2` is `0.3`, not `0.30000000000000004`), and a result that would pass `MAX_DIGITS` digits is refused
-before it is computed. Every failure is a returned message that says what to change, never an exception.
+(`0.1 + 0.2` is `0.3`, not `0.30000000000000004`), and a number that would pass `MAX_DIGITS` digits is refused
+before it is built: a result from its operands' sizes, a literal from its text (`1e100000000` is 11 characters, and
+building its exact value takes minutes). Every failure is a returned message that says what to change, never an
+exception.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import re
 from collections.abc import Callable
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from fractions import Fraction
 
 from grpo_pipeline.tasks.core import python_ast
@@ -22,6 +25,9 @@ MAX_EXPRESSION_CHARS = 2000  # longer input is refused unparsed (ast.parse of de
 MAX_DIGITS = 1000  # the largest numerator or denominator any step may produce, in decimal digits
 MAX_NODES = 500  # numbers and operators in one expression
 APPROX_DIGITS = 20  # significant digits shown beside a non-terminating fraction
+# A float literal's text (underscores removed): its integer part, fraction digits and exponent. The parser has
+# accepted it as a Python float already, so this only splits it.
+_FLOAT_TEXT = re.compile(r"(\d*)\.?(\d*)(?:[eE]([+-]?\d+))?")
 
 _BINARY: dict[type[ast.operator], Callable[[Fraction, Fraction], Fraction]] = {
     ast.Add: operator.add,
@@ -108,10 +114,38 @@ def _literal(node: ast.Constant, source: str) -> Fraction:
     if isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
         raise CalcError(f"{node.value!r} is not a number")
     text = ast.get_source_segment(source, node) or repr(node.value)
-    try:
-        return _bounded(Fraction(Decimal(text.replace("_", ""))))
-    except (InvalidOperation, ValueError):
-        raise CalcError(f"{text!r} is not a number this calculator reads") from None
+    # an int is already built, by the parser, from at most MAX_EXPRESSION_CHARS characters (hex and octal too)
+    value = Fraction(node.value) if isinstance(node.value, int) else _float_literal(text.replace("_", ""))
+    if value is None or _too_long(value):
+        shown = text if len(text) <= 40 else f"{text[:20]}...{text[-10:]}"
+        raise CalcError(
+            f"the number {shown!r} has more than {MAX_DIGITS} digits when written out exactly; write a smaller number "
+            "(a smaller exponent)"
+        )
+    return value
+
+
+def _float_literal(text: str) -> Fraction | None:
+    """The exact value of a float literal's text, or None, before it is built, when it would have more than
+    `MAX_DIGITS` digits.
+
+    The value is `int(digits) * 10**scale` with `digits` stripped of zeros at both ends. Past |scale| = 4 * MAX_DIGITS
+    it surely has too many digits (10**scale has scale + 1; the denominator 10**-scale, reduced by a numerator that
+    has no factor 10, keeps at least 2**-scale), so it is refused unbuilt; below that, building it is cheap and
+    `_too_long` decides exactly.
+    """
+    match = _FLOAT_TEXT.fullmatch(text)
+    if match is None:
+        raise CalcError(f"{text!r} is not a number this calculator reads")
+    whole, fraction, exponent = match.groups()
+    digits = (whole + fraction).lstrip("0")
+    if not digits:
+        return Fraction(0)
+    stripped = digits.rstrip("0")
+    scale = int(exponent or 0) - len(fraction) + len(digits) - len(stripped)
+    if abs(scale) > 4 * MAX_DIGITS:
+        return None
+    return Fraction(int(stripped)) * Fraction(10) ** scale
 
 
 def _power(base: Fraction, exponent: Fraction) -> Fraction:
@@ -122,6 +156,10 @@ def _power(base: Fraction, exponent: Fraction) -> Fraction:
     if base in (0, 1, -1) or n <= 1:
         return base**exponent.numerator
     # the result has about n * log10(max(|numerator|, denominator)) digits: refused before pow allocates anything
+    # (at least n * log10(2) here, so an exponent past 4 * MAX_DIGITS is refused before that product, which as a
+    # float overflows for an exponent such as 10**999)
+    if n > 4 * MAX_DIGITS:
+        raise CalcError(f"the exponent is too large: the result would have more than {MAX_DIGITS} digits")
     digits = n * max(math.log10(abs(base.numerator)), math.log10(base.denominator))
     if digits > MAX_DIGITS:
         raise CalcError(f"the result would have about {digits:.0f} digits, more than {MAX_DIGITS}")
@@ -133,9 +171,14 @@ def _digits(n: int) -> int:
     return max(1, math.ceil(abs(n).bit_length() * math.log10(2)))
 
 
+def _too_long(value: Fraction) -> bool:
+    """Whether the numerator or the denominator of `value` passes MAX_DIGITS digits."""
+    return max(_digits(value.numerator), _digits(value.denominator)) > MAX_DIGITS + 1
+
+
 def _bounded(value: Fraction) -> Fraction:
     """`value`, or CalcError when its numerator or denominator passes MAX_DIGITS digits."""
-    if max(_digits(value.numerator), _digits(value.denominator)) > MAX_DIGITS + 1:
+    if _too_long(value):
         raise CalcError(f"a step of the calculation has more than {MAX_DIGITS} digits")
     return value
 

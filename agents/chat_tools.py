@@ -19,7 +19,7 @@ import functools
 import inspect
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from grpo_pipeline.agents.registry import (
@@ -50,11 +50,16 @@ class ChatToolLoop:
     max_turns: int
     environment: str | None = None
     limits: UserToolLimits = DEFAULT_USER_LIMITS  # how long an environment method may take, how much it may say
+    params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, hash=False)  # eval.tool_params
 
     @functools.cached_property
     def functions(self) -> list[Callable[..., Any]]:
-        """The tools as TRL gets them: built-in functions, user tools contained (agents/registry.py)."""
-        return [resolve_tool(name, f"eval.tools[{i}]") for i, name in enumerate(self.names)]
+        """The tools as TRL gets them: built-in functions (built from their params), user tools contained
+        (agents/registry.py)."""
+        return [
+            resolve_tool(name, f"eval.tools[{i}]", dict(self.params.get(name) or {}), "eval.tool_params")
+            for i, name in enumerate(self.names)
+        ]
 
     @functools.cached_property
     def environment_class(self) -> type | None:

@@ -1,32 +1,57 @@
 """The `python` tool: runs the model's code in the code reward's sandbox (rewards/sandbox/) and returns its output.
 
-The code is hostile input, as a completion scored by `code_tests` is, so it gets the same isolation (bubblewrap:
-no network, no host files but a read-only /usr and Python, a tmpfs working directory, an unprivileged uid;
-rewards/sandbox/__init__.py has the whole threat model) and the same per-program limits (rlimits on CPU, memory,
-processes and file size, a wall clock, a cap on output), set here for a tool call (`ToolLimits`): a few seconds and
+The code is hostile input, as a completion scored by `code_tests` is, so it runs in the same sandbox, under the same
+isolation option (`isolation`, rewards/sandbox/config.py: `Isolation`; rewards/sandbox/__init__.py has the whole threat
+model): "auto" (the default) runs it in bubblewrap where bubblewrap works (no network, no host files but a read-only
+/usr and Python, a tmpfs working directory, an unprivileged uid) and, where it does not, with rlimits only, under an
+unprivileged uid when the host runs as root, or not at all where no such uid can run Python; "bwrap" requires
+bubblewrap and refuses to start without it, as `code_tests` with `isolation: bwrap` does. A recipe chooses it with
+`grpo.tool_params: {python: {isolation: bwrap}}` (`python_tool`). The per-program limits (rlimits on CPU, memory,
+processes and file size, a wall clock, a cap on output) are set here for a tool call (`ToolLimits`): a few seconds and
 a few kilobytes, since the result goes back into the model's context and the training step waits for it.
 
-How it runs: the sandbox's "load" mode runs a program once, with its stdout and stderr on the run's output pipe,
-and counts tests against it; here there are no tests, and the program is a small runner (`RUNNER`) that executes the
-model's code as `__main__` (so `if __name__ == "__main__":` blocks run), prints a traceback without the runner's own
-frame, and flushes both streams before the sandbox stops it. What the tool returns is that output, cut to
+How it runs: the sandbox's "load" mode runs a program once, with its stdout and stderr on one output pipe, and counts
+tests against it; here there are no tests, and the program is a small runner (`RUNNER`) that makes both streams
+unbuffered (as `python -u` does), so the output holds what the program wrote in the order it wrote it (a traceback
+after the lines printed before it), executes the model's code as `__main__` (so `if __name__ == "__main__":` blocks
+run) and prints a traceback without the runner's own frame. What the tool returns is that output, cut to
 `ToolLimits.max_chars`, with a last line saying why the run stopped when it did not end by itself. The tool never
-raises: a sandbox that cannot start is a returned error message too (and logged once, loudly, by the sandbox).
+raises once built: a sandbox that cannot start is a returned error message too (and logged once, loudly, by the
+sandbox).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from grpo_pipeline.rewards.sandbox import CodeJob, RunResult, SandboxConfig, SandboxUnavailable, default_sandbox
+from grpo_pipeline.rewards.sandbox import (
+    CodeJob,
+    Isolation,
+    RunResult,
+    SandboxConfig,
+    SandboxUnavailable,
+    default_sandbox,
+)
 
 logger = logging.getLogger(__name__)
 
-# The program the sandbox runs: the model's code (`SOURCE`, a string literal) executed as __main__.
+# The program the sandbox runs: the model's code (`SOURCE`, a string literal) executed as __main__. Its stdout and
+# stderr share one pipe (rewards/harness/server.py: run_program), but a pipe makes Python's stdout block-buffered and
+# its stderr line-buffered, so a traceback came out before the lines printed ahead of it; unbuffered streams, built
+# as `python -u` builds them (Python/pylifecycle.c: create_stdio), keep the write order, child processes' included.
 RUNNER = """\
 def _grpo_tool_main(source):
+    import io
     import sys
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        stream = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+                                  line_buffering=False, write_through=True)
+        setattr(sys, name, stream)
+        setattr(sys, "__" + name + "__", stream)
     namespace = {"__name__": "__main__", "__file__": __file__, "__builtins__": __builtins__, "exit": exit, "quit": quit}
     try:
         exec(compile(source, "<python>", "exec"), namespace)
@@ -66,6 +91,7 @@ class ToolLimits:
     max_output_bytes: int = 64 << 10  # read from the sandbox; more stops the program
     max_chars: int = 2000  # returned to the model (the head and the tail of a longer output)
     max_code_chars: int = 20_000  # longer code is refused unrun (the sandbox passes programs as one argument)
+    isolation: Isolation = "auto"  # the code reward's option (rewards/sandbox/config.py: `Isolation`)
 
     def sandbox_config(self) -> SandboxConfig:
         return SandboxConfig(
@@ -74,6 +100,7 @@ class ToolLimits:
             max_processes=self.max_processes,
             max_output_bytes=self.max_output_bytes,
             file_size_mb=4,
+            isolation=self.isolation,
         )
 
 
@@ -81,10 +108,10 @@ DEFAULT_LIMITS = ToolLimits()
 
 
 def python(code: str) -> str:
-    """Run a Python program and return what it prints (stdout and stderr).
+    """Run a Python program and return what it prints (stdout and stderr, in the order it wrote them).
 
-    The program runs in an isolated sandbox with no network and no access to files outside it, for at most a few
-    seconds; only the standard library is available. Print the values you need.
+    The program runs in a sandbox for at most a few seconds, with limited memory and output; only the standard
+    library is available. Print the values you need.
 
     Args:
         code: The complete Python source to run, e.g. "print(sum(range(10)))".
@@ -93,6 +120,20 @@ def python(code: str) -> str:
         The program's output (cut when long), and a last line saying why it stopped if it did not end by itself.
     """
     return run_python(code, DEFAULT_LIMITS)
+
+
+def python_tool(isolation: Isolation = "auto") -> Callable[[str], str]:
+    """The `python` tool with the code reward's isolation option (`grpo.tool_params: {python: {isolation: ...}}`);
+    the sandbox is built now, so "bwrap" without bubblewrap raises SandboxUnavailable before training, as
+    `code_tests` does, instead of running the model's code with rlimits only (ValueError for an unknown value)."""
+    limits = dataclasses.replace(DEFAULT_LIMITS, isolation=isolation)
+    default_sandbox(limits.sandbox_config())
+
+    @functools.wraps(python)  # the same name, signature and docstring: TRL's schema of the tool is unchanged
+    def configured(code: str) -> str:
+        return run_python(code, limits)
+
+    return configured
 
 
 def run_python(code: str, limits: ToolLimits) -> str:

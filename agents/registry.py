@@ -1,6 +1,6 @@
-"""The tool registry: `grpo.tools` entries (built-in names or `pkg.module:function` paths) and `grpo.environment` (a
-class by dotted path) resolved into what TRL's GRPOTrainer takes, checked first, with errors that name the field
-and the fix.
+"""The tool registry: `grpo.tools` entries (built-in names or `pkg.module:function` paths, a built-in tool with its
+`grpo.tool_params`) and `grpo.environment` (a class by dotted path) resolved into what TRL's GRPOTrainer takes,
+checked first, with errors that name the field and the fix.
 
 Checked before training: every tool must give TRL a JSON schema (`transformers.utils.get_json_schema`: type hints on
 every argument, a Google-style docstring with an `Args:` line for each), since a tool without one fails inside the
@@ -30,11 +30,14 @@ from typing import Any
 from transformers.utils import get_json_schema
 
 from grpo_pipeline.agents.calculator import calculator
-from grpo_pipeline.agents.python_tool import python, truncate
+from grpo_pipeline.agents.python_tool import python, python_tool, truncate
+from grpo_pipeline.rewards.sandbox import SandboxUnavailable
 
 logger = logging.getLogger(__name__)
 
 BUILTIN_TOOLS: dict[str, Callable[..., str]] = {"calculator": calculator, "python": python}
+# the built-in tools that take parameters (`grpo.tool_params`): a factory of the tool from them
+TOOL_FACTORIES: dict[str, Callable[..., Callable[..., str]]] = {"python": python_tool}
 
 
 class ToolError(ValueError):
@@ -52,8 +55,14 @@ class UserToolLimits:
 DEFAULT_USER_LIMITS = UserToolLimits()
 
 
-def resolve_tool(name: str, field: str = "grpo.tools") -> Callable[..., Any]:
-    """The function behind one `grpo.tools` entry, checked (`check_tool`); a user's tool comes back contained."""
+def resolve_tool(
+    name: str, field: str = "grpo.tools", params: dict[str, Any] | None = None, params_field: str = "grpo.tool_params"
+) -> Callable[..., Any]:
+    """The function behind one `grpo.tools` entry, checked (`check_tool`); a user's tool comes back contained. A
+    built-in tool with `params` (its `grpo.tool_params` entry) is built by its factory, which may refuse (e.g. the
+    python tool with `isolation: bwrap` where bubblewrap cannot start)."""
+    if params:
+        return configured_tool(name, params, f"{params_field}.{name}")
     if name in BUILTIN_TOOLS:
         return BUILTIN_TOOLS[name]
     if ":" not in name:
@@ -68,6 +77,19 @@ def resolve_tool(name: str, field: str = "grpo.tools") -> Callable[..., Any]:
         raise ToolError(f"{field}: {name!r} is a {type(fn).__name__}, not a function; point it at a function")
     check_tool(fn, f"{field}: {name!r}")
     return contain(fn)
+
+
+def configured_tool(name: str, params: dict[str, Any], field: str) -> Callable[..., str]:
+    """The built-in tool `name` built from `params`, or ToolError naming `field` and the fix."""
+    if name not in TOOL_FACTORIES:
+        takes = ", ".join(TOOL_FACTORIES)
+        raise ToolError(f"{field}: only built-in tools take params ({takes}); {name!r} takes none, remove the entry")
+    try:
+        return TOOL_FACTORIES[name](**params)
+    except TypeError as e:
+        raise ToolError(f"{field}: {e}; the tool's params are {inspect.signature(TOOL_FACTORIES[name])}") from None
+    except (SandboxUnavailable, ValueError) as e:
+        raise ToolError(f"{field}: {e}") from None
 
 
 def import_dotted(path: str, field: str) -> Any:

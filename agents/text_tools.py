@@ -309,12 +309,16 @@ def text_rollout_kwargs(cfg: GRPOStageConfig, tokenizer: PreTrainedTokenizerBase
 
 
 def eval_tool_loop(
-    tools: Sequence[str] | None, max_turns: int | None, tokenizer: Any, environment: str | None = None
+    tools: Sequence[str] | None,
+    max_turns: int | None,
+    tokenizer: Any,
+    environment: str | None = None,
+    tool_params: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> TextToolLoop | ChatToolLoop | None:
-    """The loop evaluation, the probes and the difficulty filter run for `tools` and `environment` (eval.tools and
-    eval.environment, grpo's) on this tokenizer's model, the one training runs: in text where the chat template
-    cannot carry tool calls, else TRL's loop through the chat template (agents/chat_tools.py), with a fresh
-    environment instance per episode. None without tools or an environment."""
+    """The loop evaluation, the probes and the difficulty filter run for `tools`, their `tool_params` and
+    `environment` (eval.tools, eval.tool_params and eval.environment, grpo's) on this tokenizer's model, the one
+    training runs: in text where the chat template cannot carry tool calls, else TRL's loop through the chat template
+    (agents/chat_tools.py), with a fresh environment instance per episode. None without tools or an environment."""
     from grpo_pipeline.agents.chat_tools import ChatToolLoop
     from grpo_pipeline.agents.trainer_args import check_tokenizer
 
@@ -329,7 +333,7 @@ def eval_tool_loop(
             )
         return text_tool_loop(tools or [], max_turns or 1, "eval.tools")
     check_tokenizer(tokenizer)  # sets TRL's response template, as GRPOTrainer does
-    return ChatToolLoop(tuple(tools or ()), max_turns or 1, environment)
+    return ChatToolLoop(tuple(tools or ()), max_turns or 1, environment, params=dict(tool_params or {}))
 
 
 def conversation(episode: Episode, tokenizer: PreTrainedTokenizerBase) -> list[dict[str, Any]]:

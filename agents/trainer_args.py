@@ -44,7 +44,9 @@ def trainer_agent_kwargs(cfg: GRPOStageConfig, tokenizer: PreTrainedTokenizerBas
         return {}
     kwargs: dict[str, Any] = {}
     if cfg.tools:
-        kwargs["tools"] = [resolve_tool(name, f"grpo.tools[{i}]") for i, name in enumerate(cfg.tools)]
+        kwargs["tools"] = [
+            resolve_tool(name, f"grpo.tools[{i}]", cfg.tool_params.get(name)) for i, name in enumerate(cfg.tools)
+        ]
     if cfg.environment is not None:
         kwargs["environment_factory"] = contained_environment(load_environment(cfg.environment))
     check_tokenizer(tokenizer)
@@ -89,11 +91,12 @@ def check_tokenizer(tokenizer: PreTrainedTokenizerBase) -> None:
 
 def check_agent_config(cfg: GRPOStageConfig) -> list[str]:
     """Every problem of the tool settings that shows without a model (for preflight): unknown or unimportable tools,
-    tools TRL cannot describe, an environment without reset or tools."""
+    tools TRL cannot describe, tool params a tool refuses (the python tool's `isolation: bwrap` without bubblewrap),
+    an environment without reset or tools."""
     problems = []
     for i, name in enumerate(cfg.tools):
         try:
-            resolve_tool(name, f"grpo.tools[{i}]")
+            resolve_tool(name, f"grpo.tools[{i}]", cfg.tool_params.get(name))
         except ToolError as e:
             problems.append(str(e))
     if cfg.environment is not None:

@@ -1,6 +1,7 @@
 """What does orchestration cost? One recipe three ways, in one run, each a fresh process on a fresh run directory:
 
-  (a) the stage functions in a plain Python loop, no Prefect (tasks/*.py called directly);
+  (a) the flow's body (flows/grpo_pipeline.py `run_stages`) with each stage's plain function called directly: no
+      Prefect task, state, result store or server;
   (b) `grpo-pipeline run` with a temporary Prefect server (no stack running);
   (c) `grpo-pipeline run` against the running stack (`grpo-pipeline serve`, started here on free ports);
 
@@ -11,6 +12,7 @@ last line is machine-readable:
 Usage:
   python benchmarks/overhead.py                          # a shortened default recipe (about 2 minutes a run)
   python benchmarks/overhead.py -- sft.max_steps=3500    # overrides for the recipe (here: the full SFT)
+The smoke run of `make test-benchmarks` passes micro overrides (tests/test_benchmarks_smoke.py).
 """
 
 from __future__ import annotations
@@ -32,43 +34,30 @@ CONFIG = "configs/tiny-arith.yaml"
 # longer recipe only lowers its share.
 SHORT = ["sft.max_steps=1500", "grpo.rounds=1", "grpo.steps_per_round=150", "data.num_eval=300"]
 
+# (a): the flow's own body (flows/grpo_pipeline.py `run_stages`: the same stages in the same order with the same
+# inputs) with every stage called as its plain function, so the loop cannot drift from the flow it is measured against
 PLAIN_LOOP = textwrap.dedent("""
     import json, sys, time
     from grpo_pipeline.configs.schema import load_config
-    from grpo_pipeline.tasks.core.runtime import setup
-    from grpo_pipeline.tasks.data import prepare_data
-    from grpo_pipeline.tasks.evaluate import evaluate
-    from grpo_pipeline.tasks.grpo import GRPORound, grpo_train
-    from grpo_pipeline.tasks.model import prepare_base_model
-    from grpo_pipeline.tasks.register import register_policy
-    from grpo_pipeline.tasks.sft import sft_warmup
-    from grpo_pipeline.tasks.core.stage import RunContext
-    from grpo_pipeline.tasks.validate import validate_data
+    from grpo_pipeline.flows.grpo_pipeline import Stages, run_stages
+    from grpo_pipeline.flows.summary import StageRecord
 
-    stages = []
-    def timed(name, fn, *args, **kwargs):
-        start = time.perf_counter()
-        out = fn(*args, **kwargs)
-        stages.append({"stage": name, "seconds": time.perf_counter() - start})
-        return out
+    class PlainStages(Stages):
+        def __call__(self, name, stage, /, *, listed=True, **inputs):
+            start = time.perf_counter()
+            out = stage.fn(**inputs)  # the stage function itself: no task run, state, result store or server
+            if listed:
+                seconds = time.perf_counter() - start
+                self.records.append(StageRecord(stage=name, seconds=seconds, cached=False, state="Completed"))
+            return out
 
-    cfg = load_config(sys.argv[2], sys.argv[3:])
-    setup(cfg)
-    ctx = RunContext.of(cfg)
-    data = timed("prepare_data", prepare_data, cfg.data, cfg.run_dir)
-    data = timed("validate_data", validate_data, data, cfg.data)
-    policy = timed("base_model", prepare_base_model, cfg.model, cfg.run_dir, cfg.seed)
-    policy = timed("sft_warmup", sft_warmup, policy, data.train, cfg.sft, cfg.model, ctx)
-    baseline = timed("evaluate-sft", evaluate, policy, data.eval, cfg.eval, ctx, label="sft")
-    for r in range(1, cfg.grpo.rounds + 1):
-        spec = GRPORound(start=policy, train=data.train, cfg=cfg.grpo, model_cfg=cfg.model, round_index=r, ctx=ctx,
-                         held_out=data.eval, correctness_reward=cfg.eval.correctness_reward)
-        policy = timed(f"grpo-round{r}", grpo_train, spec)
-        result = timed(f"evaluate-r{r}", evaluate, policy, data.eval, cfg.eval, ctx, label=f"r{r}")
-        timed(f"register-r{r}", register_policy, policy, result, baseline, cfg.registry, ctx, cfg.to_yaml(),
-              {"round": str(r)})
+        def at_once(self, calls):
+            return [self(name, stage, **inputs) for name, stage, inputs in calls]
+
+    run = PlainStages()
+    run_stages(load_config(sys.argv[2], sys.argv[3:]), run)
     with open(sys.argv[1], "w") as f:
-        json.dump({"stages": stages}, f)
+        json.dump({"stages": [{"stage": r.stage, "seconds": r.seconds} for r in run.records]}, f)
 """)
 
 
@@ -122,7 +111,9 @@ def main() -> None:
 
     stack_env = {**base, "GRPO_PIPELINE_STACK_DIR": str(work / "stack"), "PREFECT_HOME": str(work / "prefect-c")}
     serve = [str(BIN / "grpo-pipeline"), "serve", "--prefect-port", "0", "--mlflow-port", "0"]
-    subprocess.run(serve, cwd=REPO, env=stack_env, check=True, capture_output=True)
+    started = subprocess.run(serve, cwd=REPO, env=stack_env, capture_output=True, text=True)
+    if started.returncode != 0:
+        sys.exit(f"[c] grpo-pipeline serve failed:\n{started.stdout[-3000:]}\n{started.stderr[-3000:]}")
     try:
         cold_c = [*cli, f"--summary-json={stages['c']}", f"run_dir={work / 'c'}", *overrides]
         times["c"] = timed(cold_c, stack_env, "c cold")

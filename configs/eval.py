@@ -138,6 +138,12 @@ class EvalConfig(Section):
         "evaluation, the probe and the gate score the episodes GRPO trained on. On a model whose chat template cannot "
         "carry tool calls they are called in text (agents/text_tools.py). []: one plain completion per sample.",
     )
+    tool_params: dict[str, dict[str, Any]] | None = Field(
+        default=None,
+        description="Keyword arguments of the built-in tools in eval.tools, by name (e.g. `{python: {isolation: "
+        "bwrap}}`); null: grpo.tool_params (the pipeline fills it in), so evaluated episodes run the tools as "
+        "training does. Entries for tools eval.tools does not list are unused.",
+    )
     max_tool_turns: int | None = Field(
         default=None, ge=1, description="Tool calls per evaluated episode at most; null: grpo.max_tool_turns."
     )

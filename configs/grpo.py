@@ -147,6 +147,13 @@ class GRPOStageConfig(PolicyLossConfig):
         "paths 'pkg.module:function' to typed functions with a Google-style docstring (TRL renders them as JSON "
         "schemas). Each tool's module is in the round's key, like a user reward's. Empty: one completion per prompt.",
     )
+    tool_params: dict[str, dict[str, Any]] = Field(
+        default={},
+        description="Keyword arguments of a built-in tool in grpo.tools, by its name, as a reward's params: "
+        "`{python: {isolation: bwrap}}` runs the python tool's code only in bubblewrap and refuses to start without "
+        "it, as code_tests' `isolation: bwrap` does; without it (isolation auto) the code runs with rlimits only "
+        "where bubblewrap is missing (rewards/sandbox/). Evaluation takes the same (eval.tool_params).",
+    )
     environment: str | None = Field(
         default=None,
         description="A class by dotted path 'pkg.module:Class', one instance per rollout: reset(**row) before each "
@@ -286,6 +293,12 @@ class GRPOStageConfig(PolicyLossConfig):
                 )
         if len(set(self.tools)) != len(self.tools):
             raise ValueError(f"grpo.tools lists a tool twice ({self.tools}); list each tool once")
+        unlisted = sorted(set(self.tool_params) - set(self.tools))
+        if unlisted:
+            raise ValueError(
+                f"grpo.tool_params has params for {unlisted}, which grpo.tools does not list ({self.tools}); add the "
+                "tool to grpo.tools or remove its params"
+            )
         if self.environment is not None and not _DOTTED.fullmatch(self.environment):
             raise ValueError(
                 f"grpo.environment is {self.environment!r}: write the class's dotted path 'pkg.module:Class'"

@@ -121,9 +121,10 @@ class PipelineConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _tools_as_trained(cls, raw: Any) -> Any:
-        """Evaluation runs the episodes training runs: eval.tools and eval.max_tool_turns, when not given, take
-        grpo.tools and grpo.max_tool_turns, and eval.environment takes grpo.environment when neither it nor eval.tools
-        is given (the evaluation, the probe and the gate then score tool-using episodes; eval.tools=[] opts out)."""
+        """Evaluation runs the episodes training runs: eval.tools, eval.tool_params and eval.max_tool_turns, when
+        not given, take grpo.tools, grpo.tool_params and grpo.max_tool_turns, and eval.environment takes
+        grpo.environment when neither it nor eval.tools is given (the evaluation, the probe and the gate then score
+        tool-using episodes; eval.tools=[] opts out)."""
         if not isinstance(raw, dict) or not isinstance(raw.get("grpo", {}), dict):
             return raw
         section, grpo = raw.get("eval", {}), raw.get("grpo", {})
@@ -134,6 +135,8 @@ class PipelineConfig(Section):
             filled["environment"] = grpo.get("environment")
         if filled.get("tools") is None:
             filled["tools"] = grpo.get("tools", [])
+        if filled.get("tool_params") is None:
+            filled["tool_params"] = grpo.get("tool_params", {})
         if filled.get("max_tool_turns") is None:
             default = GRPOStageConfig.model_fields["max_tool_turns"].default
             filled["max_tool_turns"] = grpo.get("max_tool_turns", default)

@@ -217,11 +217,17 @@ def grpo_pipeline(
     `overrides` (`key.sub=value` strings, as on the command line); neither means the defaults.
     """
     cfg = resolve_config(config, recipe, overrides)
+    return report(cfg, run_stages(cfg, Stages()))
+
+
+def run_stages(cfg: PipelineConfig, run: Stages) -> Summary:
+    """The flow's body: every stage through `run`, the flow's Prefect tasks (benchmarks/overhead.py runs the same
+    body with a `run` that calls the stage functions themselves, to measure what Prefect adds)."""
     setup(cfg)
     check_config(cfg)  # run dir, rewards, base model path: fail before any stage runs
     check_model_runtime(cfg.model)  # 4-bit weights need CUDA
     check_vllm_runtime(cfg.grpo)  # so do vLLM rollouts
-    ctx, run = RunContext.of(cfg), Stages()
+    ctx = RunContext.of(cfg)
 
     data, suites, clean = prepare_inputs(run, cfg)
     model_cfg = run("pin_model", pin_model, listed=False, cfg=cfg.model, run_dir=cfg.run_dir)
@@ -255,11 +261,10 @@ def grpo_pipeline(
 
     release = Release(run, cfg, base, baselines, sft_warning=warning, clean=clean)
     rounds, stopped = grpo_rounds(run, cfg, policy, baselines, data, suites, model_cfg, release)
-    summary = Summary.build(
+    return Summary.build(
         cfg, run.records, baseline, rounds,
         sft_warning=warning, scores_of=scores_of, suite_seconds=run.suite_seconds, clean=clean, stopped=stopped,
     )  # fmt: skip
-    return report(cfg, summary)
 
 
 Scores = dict[str, EvalResult]  # a policy's evaluation on every suite, by suite name, in the configured order
@@ -372,7 +377,8 @@ def sft_bar(cfg: PipelineConfig, data: DatasetRefs) -> dict[str, Any]:
     return {"probe": data.probe, "correctness_reward": cfg.eval.correctness_reward,
             "probe_tokens": cfg.eval.max_new_tokens, "tools": tuple(cfg.eval.tools or ()),
             "max_tool_turns": cfg.eval.max_tool_turns or 1,  # episodes, as evaluation runs them
-            **({"environment": cfg.eval.environment} if cfg.eval.environment else {})}  # fmt: skip
+            **({"environment": cfg.eval.environment} if cfg.eval.environment else {}),
+            **({"tool_params": cfg.eval.tool_params} if cfg.eval.tool_params else {})}  # fmt: skip
 
 
 def round_prompts(

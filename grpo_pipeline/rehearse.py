@@ -252,7 +252,7 @@ def _tool_demonstrations(cfg: PipelineConfig, model_dir: Path) -> list[str]:
     from grpo_pipeline.tasks.core.common import load_tokenizer
 
     tokenizer, model = load_tokenizer(str(model_dir)), AutoModelForCausalLM.from_pretrained(model_dir)
-    loop = eval_tool_loop(cfg.grpo.tools, cfg.grpo.max_tool_turns, tokenizer)
+    loop = eval_tool_loop(cfg.grpo.tools, cfg.grpo.max_tool_turns, tokenizer, tool_params=cfg.grpo.tool_params)
     lines = []
     for name in cfg.grpo.tools:
         if name not in EXAMPLE_CALLS:

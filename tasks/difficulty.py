@@ -58,6 +58,7 @@ class Rollouts(BaseModel):
     correctness_reward: RewardSpec
     # A tool-using recipe's rollouts are episodes: the round's tools and turn limit (grpo.tools, grpo.max_tool_turns)
     tools: tuple[str, ...] = ()
+    tool_params: dict[str, dict[str, Any]] = {}  # grpo.tool_params
     max_tool_turns: int = 1
     environment: str | None = None  # grpo.environment: a fresh instance per sampled episode, reset with its row
 
@@ -70,6 +71,7 @@ class Rollouts(BaseModel):
             batch_size=cfg.eval.batch_size,
             correctness_reward=cfg.eval.correctness_reward,
             tools=tuple(cfg.grpo.tools),
+            tool_params=cfg.grpo.tool_params,
             max_tool_turns=cfg.grpo.max_tool_turns,
             environment=cfg.grpo.environment,
         )
@@ -138,7 +140,9 @@ def pass_rates(
     model = AutoModelForCausalLM.from_pretrained(policy.path)
     model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
     torch.manual_seed(seed)
-    loop = eval_tool_loop(rollouts.tools, rollouts.max_tool_turns, tokenizer, rollouts.environment)
+    loop = eval_tool_loop(
+        rollouts.tools, rollouts.max_tool_turns, tokenizer, rollouts.environment, rollouts.tool_params
+    )
     sample = (
         EpisodeGenerator(model, tokenizer, loop, rows.to_dict("records"))
         if loop

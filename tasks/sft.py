@@ -53,6 +53,7 @@ def sft_warmup(
     tools: tuple[str, ...] = (),
     max_tool_turns: int = 1,
     environment: str | None = None,
+    tool_params: dict[str, dict[str, Any]] | None = None,
     *,
     out: Path,
 ) -> Checkpoint:
@@ -61,9 +62,9 @@ def sft_warmup(
     With `cfg.stop_at_accuracy` and `probe` (the probe split), greedy accuracy on `probe` (judged by
     `correctness_reward`, completions of up to `probe_tokens` tokens) is measured every `cfg.probe_every_steps`
     steps, and SFT ends at the first probe that reaches the bar; the checkpoint's `notes` say where it ended. With
-    `tools` (eval.tools) or `environment` (eval.environment) each probe completion is an episode of at most
-    `max_tool_turns` calls, as evaluation runs it: an SFT that learned to call is measured with the tool's results,
-    not cut at its first call."""
+    `tools` (eval.tools, built with `tool_params`) or `environment` (eval.environment) each probe completion is an
+    episode of at most `max_tool_turns` calls, as evaluation runs it: an SFT that learned to call is measured with
+    the tool's results, not cut at its first call."""
     from trl import SFTTrainer
 
     dataset = load_split(train.require(), ["prompt", "completion"])
@@ -76,7 +77,15 @@ def sft_warmup(
             train_dataset=train_dataset,
             processing_class=tokenizer,
             callbacks=bar_probe(
-                cfg, tokenizer, probe, correctness_reward, probe_tokens, notes, (tools, max_tool_turns), environment
+                cfg,
+                tokenizer,
+                probe,
+                correctness_reward,
+                probe_tokens,
+                notes,
+                (tools, max_tool_turns),
+                environment,
+                tool_params,
             ),
             **adapter_args(model_cfg),
         )
@@ -125,9 +134,10 @@ def bar_probe(
     notes: list[str],
     tools: tuple[tuple[str, ...], int] = ((), 1),
     environment: str | None = None,
+    tool_params: dict[str, dict[str, Any]] | None = None,
 ) -> list[TrainerCallback]:
-    """The probe that ends SFT at `cfg.stop_at_accuracy` (none without the bar); `tools` (names, turn limit) and
-    `environment` make its completions tool episodes (agents/text_tools.py `eval_tool_loop`)."""
+    """The probe that ends SFT at `cfg.stop_at_accuracy` (none without the bar); `tools` (names, turn limit), their
+    `tool_params` and `environment` make its completions tool episodes (agents/text_tools.py `eval_tool_loop`)."""
     if cfg.stop_at_accuracy is None:
         return []
     if probe is None:
@@ -140,6 +150,6 @@ def bar_probe(
         module.HeldOutAccuracyProbe(
             rows, tokenizer, cfg.probe_every_steps, probe_tokens, correctness_reward,
             notes=notes, stop_at=cfg.stop_at_accuracy, steps_after_bar=cfg.steps_after_bar,
-            tools=module.eval_tool_loop(*tools, tokenizer, environment),
+            tools=module.eval_tool_loop(*tools, tokenizer, environment, tool_params),
         )
     ]  # fmt: skip

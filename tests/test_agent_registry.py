@@ -14,7 +14,9 @@ from transformers import AutoTokenizer
 from transformers.utils import get_json_schema
 from trl.chat_template_utils import parse_response
 
+from grpo_pipeline.agents import python_tool
 from grpo_pipeline.agents.calculator import calculator
+from grpo_pipeline.agents.chat_tools import ChatToolLoop
 from grpo_pipeline.agents.python_tool import python
 from grpo_pipeline.agents.registry import ToolError, UserToolLimits, contain, resolve_tool
 from grpo_pipeline.agents.trainer_args import (
@@ -25,6 +27,11 @@ from grpo_pipeline.agents.trainer_args import (
     trainer_agent_kwargs,
 )
 from grpo_pipeline.configs.grpo import GRPOStageConfig
+from grpo_pipeline.configs.schema import PipelineConfig
+from grpo_pipeline.rewards import code as code_reward
+from grpo_pipeline.rewards.registry import RewardError
+from grpo_pipeline.rewards.sandbox import Sandbox, bwrap_status
+from grpo_pipeline.rewards.sandbox import host as sandbox_host
 from tests.agent_models import qwen_tool_model
 
 USER_TOOLS = '''
@@ -197,6 +204,60 @@ def test_check_agent_config_lists_every_problem(user_tools: str) -> None:
     cfg = GRPOStageConfig(tools=["calculator", "calculater", f"{user_tools}:untyped"])
     problems = check_agent_config(cfg)
     assert [p.split(":")[0] for p in problems] == ["grpo.tools[1]", "grpo.tools[2]"]
+
+
+@pytest.fixture
+def no_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host where bubblewrap cannot start; every sandbox is built afresh (default_sandbox caches one per config)."""
+    monkeypatch.setattr(sandbox_host, "bwrap_status", lambda python=None: (False, "bwrap is not installed"))
+    monkeypatch.setattr(python_tool, "default_sandbox", Sandbox)
+    monkeypatch.setattr(code_reward, "default_sandbox", Sandbox)
+
+
+def test_python_tool_takes_the_code_rewards_isolation_and_its_refusal(no_bwrap: None) -> None:
+    """`isolation: bwrap` refuses the python tool before training where bubblewrap cannot start, with the code
+    reward's own refusal, in training (grpo.tools), preflight and evaluation (eval.tools) alike."""
+    with pytest.raises(RewardError) as reward_refusal:
+        code_reward.code_tests_reward(isolation="bwrap")
+    refusal = str(reward_refusal.value).removeprefix("reward 'code_tests': ")
+    assert "bubblewrap" in refusal or "bwrap" in refusal
+    with pytest.raises(ToolError) as tool_refusal:
+        resolve_tool("python", "grpo.tools[0]", {"isolation": "bwrap"})
+    assert str(tool_refusal.value) == f"grpo.tool_params.python: {refusal}"
+    cfg = GRPOStageConfig(tools=["python"], tool_params={"python": {"isolation": "bwrap"}})
+    assert check_agent_config(cfg) == [f"grpo.tool_params.python: {refusal}"]
+    loop = ChatToolLoop(("python",), 1, params={"python": {"isolation": "bwrap"}})
+    with pytest.raises(ToolError, match=r"^eval\.tool_params\.python: sandbox isolation 'bwrap' was requested"):
+        loop.functions  # noqa: B018
+
+
+@pytest.mark.skipif(not bwrap_status()[0], reason="bubblewrap unavailable here")
+def test_python_tool_with_bwrap_runs_and_keeps_its_schema() -> None:
+    tool = resolve_tool("python", "grpo.tools[0]", {"isolation": "bwrap"})
+    assert tool("print(6 * 7)") == "42\n"
+    assert get_json_schema(tool) == get_json_schema(python)  # what the model is shown does not change
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "says"),
+    [
+        ("python", {"isolaton": "bwrap"}, "unexpected keyword argument 'isolaton'; the tool's params are (isolation"),
+        ("python", {"isolation": "strict"}, "sandbox isolation must be one of"),
+        ("calculator", {"digits": 5}, "only built-in tools take params (python); 'calculator' takes none"),
+    ],
+)
+def test_bad_tool_params_are_refused(name: str, params: dict, says: str) -> None:
+    with pytest.raises(ToolError, match=f"^grpo.tool_params.{name}: ") as refused:
+        resolve_tool(name, "grpo.tools[0]", params)
+    assert says in str(refused.value)
+
+
+def test_tool_params_name_listed_tools_and_reach_evaluation() -> None:
+    with pytest.raises(ValueError, match=r"grpo.tool_params has params for \['python'\], which grpo.tools does not"):
+        GRPOStageConfig(tools=["calculator"], tool_params={"python": {"isolation": "bwrap"}})
+    params = {"python": {"isolation": "bwrap"}}
+    cfg = PipelineConfig.model_validate({"grpo": {"tools": ["python"], "tool_params": params}})
+    assert cfg.eval.tools == ["python"] and cfg.eval.tool_params == params
 
 
 def test_config_rejects_malformed_entries() -> None:

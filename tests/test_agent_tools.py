@@ -4,6 +4,8 @@ and answered with a message within limits; and TRL's JSON schema of each."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -48,7 +50,7 @@ def test_calculator_wrong_twin_differs() -> None:
 @pytest.mark.parametrize(
     ("expression", "says"),
     [
-        ("9**9**9", "digits, more than 1000"),
+        ("9**9**9", "more than 1000 digits"),
         ("10 ** 1001", "digits, more than 1000"),
         ("(10**600) * (10**600)", "more than 1000 digits"),
         ("2 ** 0.5", "whole-number exponents"),
@@ -70,6 +72,43 @@ def test_calculator_refuses_with_a_message(expression: str, says: str) -> None:
     answer = calculator(expression)
     assert answer.startswith("error:") and says in answer, answer
     assert time.monotonic() - start < 1.0
+
+
+# Each literal is refused from its text, before its value is built (building 10**100000000 exactly takes minutes);
+# the honest neighbours at the edge of MAX_DIGITS still compute.
+HUGE_NUMBERS = [
+    ("1e100000000", "error: the number '1e100000000' has more than 1000 digits"),
+    ("1E+99999999", "error: the number '1E+99999999' has more than 1000 digits"),
+    ("1.5e-99999999", "error: the number '1.5e-99999999' has more than 1000 digits"),
+    (".5e9999999", "error: the number '.5e9999999' has more than 1000 digits"),
+    ("1_0e9999999", "error: the number '1_0e9999999' has more than 1000 digits"),
+    ("1e999999999999999999999999", "error: the number '1e999999999999999999999999' has more than 1000 digits"),
+    ("2 * 1e99999999", "error: the number '1e99999999' has more than 1000 digits"),
+    ("0 * 1e-99999999", "error: the number '1e-99999999' has more than 1000 digits"),
+    ("(1e99999999 - 1e99999999)", "error: the number '1e99999999' has more than 1000 digits"),
+    ("1e1001", "error: the number '1e1001' has more than 1000 digits"),
+    ("9**9**9", "error: the exponent is too large"),
+    ("2 ** 10 ** 999", "error: the exponent is too large"),
+    ("1e1000 / 1e1000", "1"),
+    ("1e-1000 * 1e1000", "1"),
+    ("0e99999999999", "0"),
+    ("(-1) ** 10 ** 999", "1"),
+    ("0x10 + 0o7 + 0b1", "24"),
+]
+# the answer comes in a child process, so that a regression fails the test instead of holding the suite
+ANSWER_IN_A_CHILD = "import sys\nfrom grpo_pipeline.agents.calculator import calculator\nprint(calculator(sys.argv[1]))"
+
+
+@pytest.mark.parametrize(("expression", "starts"), HUGE_NUMBERS)
+def test_calculator_bounds_every_literal_before_building_it(expression: str, starts: str) -> None:
+    try:
+        child = subprocess.run(
+            [sys.executable, "-c", ANSWER_IN_A_CHILD, expression], capture_output=True, text=True, timeout=15
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"calculator({expression!r}) did not answer within 15 s")
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.startswith(starts), child.stdout
 
 
 def test_calculator_never_raises_on_odd_arguments() -> None:
@@ -100,6 +139,15 @@ def test_python_wrong_twin_and_errors_reach_the_model() -> None:
     assert "SyntaxError" in run_python("def f(:", FAST)
     assert run_python("import sys; sys.exit(3)", FAST) == "exit status 3\n"
     assert run_python("x = 1", FAST) == "(no output)"
+
+
+def test_python_output_keeps_the_programs_write_order() -> None:
+    """A traceback comes after what the program printed before it, and stderr lines where they were written."""
+    out = run_python("print('before')\nraise ValueError('late')", FAST)
+    assert out.startswith("before\nTraceback (most recent call last):"), out
+    assert out.endswith("ValueError: late\n")
+    code = "import sys\nprint('one')\nprint('two', file=sys.stderr)\nprint('three')\nsys.stderr.write('four\\n')"
+    assert run_python(code, FAST) == "one\ntwo\nthree\nfour\n"
 
 
 def test_python_infinite_loop_is_stopped() -> None:

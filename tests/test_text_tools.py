@@ -138,6 +138,13 @@ def test_grpo_trains_through_the_text_rollout(tiny_dir: Path, tmp_path: Path, to
     cfg = GRPOStageConfig(tools=["calculator"], max_tool_turns=1)
     kwargs = text_rollout_kwargs(cfg, tokenizer)
     seen: dict[str, list] = {}
+    rollout = kwargs["rollout_func"]
+
+    def recording_rollout(prompts, trainer):
+        seen["rollout_prompts"] = list(prompts)
+        return rollout(prompts, trainer)
+
+    kwargs["rollout_func"] = recording_rollout
 
     def reward(prompts, completions, tool_calls, **kwargs):
         seen.update(completions=completions, tool_calls=tool_calls)
@@ -150,6 +157,8 @@ def test_grpo_trains_through_the_text_rollout(tiny_dir: Path, tmp_path: Path, to
                           processing_class=tokenizer, **kwargs)  # fmt: skip
     trainer.train()
     assert len(seen["completions"]) == 4 and len(seen["tool_calls"]) == 4
+    # TRL hands rollout_func each prompt already repeated num_generations times (docs/agents.md), one completion each
+    assert len(seen["rollout_prompts"]) == 4 and len(set(seen["rollout_prompts"])) == 1
     assert "tools/call_frequency" in trainer.state.log_history[0]
 
 
