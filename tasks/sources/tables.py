@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from grpo_pipeline.configs.schema import DataConfig
+from grpo_pipeline.rewards.registry import completion_text
 from grpo_pipeline.tasks.scoring import chat
 from grpo_pipeline.tasks.sources import DataError
 
@@ -92,7 +93,7 @@ def map_columns(raw: pd.DataFrame, cfg: DataConfig, origin: str) -> pd.DataFrame
         answers = answers.map(lambda v: _extract(pattern, v))
     out["answer"] = answers
     out["completion"] = (
-        raw[cfg.completion_column].map(lambda v: None if _missing(v) else _completion_text(chat.plain(v)))
+        raw[cfg.completion_column].map(lambda v: None if _missing(v) else _target_text(chat.plain(v), origin, cfg))
         if cfg.completion_column
         else out["answer"]
     )
@@ -123,11 +124,18 @@ def _missing(v) -> bool:
     return v is None or (isinstance(v, float) and v != v)
 
 
-def _completion_text(value: Any) -> str:
-    """An SFT target as text: a chat completion ([{"role": "assistant", "content": ...}]) gives its last content."""
-    if isinstance(value, list) and value and isinstance(value[-1], dict):
-        return str(value[-1].get("content", ""))
-    return str(value)
+def _target_text(value: Any, origin: str, cfg: DataConfig) -> str:
+    """An SFT target as text: a string, or chat messages' last content, read as the rewards read a completion
+    (`completion_text`), so SFT trains on the text they score; any other scalar (a number in a CSV column) its str."""
+    if not isinstance(value, list | dict):
+        return str(value)
+    try:
+        return completion_text(value)
+    except TypeError:
+        raise DataError(
+            f"{origin}: column {cfg.completion_column!r} holds {value!r}, which is neither text nor chat messages; "
+            "give the SFT target as a string or as [{'role': 'assistant', 'content': ...}]"
+        ) from None
 
 
 def format_prompt(cfg: DataConfig, value: Any, origin: str = "the data") -> str | None:
