@@ -7,4 +7,5 @@ core/
   launch.py    a stage run in N processes (accelerate launch / torchrun)
   publish.py   a round's inputs shared with, and its policy fetched from, a remote work pool
   hub.py       Hugging Face Hub models and datasets: offline, unreachable, not there
+  values.py    what counts as a missing value in a table cell (None, NaN, pandas.NA) and a blank one
 """

@@ -13,6 +13,7 @@ import pandas as pd
 
 from grpo_pipeline.configs.schema import DataConfig
 from grpo_pipeline.rewards.registry import completion_text
+from grpo_pipeline.tasks.core.values import is_missing
 from grpo_pipeline.tasks.scoring import chat
 from grpo_pipeline.tasks.sources import DataError
 
@@ -87,13 +88,13 @@ def map_columns(raw: pd.DataFrame, cfg: DataConfig, origin: str) -> pd.DataFrame
         )
     out = pd.DataFrame(index=raw.index)
     out["prompt"] = [format_prompt(cfg, v, origin) for v in raw[cfg.prompt_column]]
-    answers = raw[cfg.answer_column].map(lambda v: None if _missing(v) else str(v))
+    answers = raw[cfg.answer_column].map(lambda v: None if is_missing(v) else str(v))
     if cfg.answer_pattern:
         pattern = re.compile(cfg.answer_pattern, re.MULTILINE | re.DOTALL)
         answers = answers.map(lambda v: _extract(pattern, v))
     out["answer"] = answers
     out["completion"] = (
-        raw[cfg.completion_column].map(lambda v: None if _missing(v) else _target_text(chat.plain(v), origin, cfg))
+        raw[cfg.completion_column].map(lambda v: None if is_missing(v) else _target_text(chat.plain(v), origin, cfg))
         if cfg.completion_column
         else out["answer"]
     )
@@ -109,7 +110,7 @@ def _as_json_if_nested(column: pd.Series) -> pd.Series:
     are such columns: decoded, their rows mix shapes (lists of strings, of lists) that one Parquet column cannot
     hold; as JSON they are the text these datasets publish, which the code_tests reward reads as well.
     """
-    values = [None if _missing(v) or isinstance(v, str) else chat.plain(v) for v in column]
+    values = [None if is_missing(v) or isinstance(v, str) else chat.plain(v) for v in column]
     nested = any(
         isinstance(v, dict) or (isinstance(v, list) and any(isinstance(x, dict | list) for x in v)) for v in values
     )
@@ -118,10 +119,6 @@ def _as_json_if_nested(column: pd.Series) -> pd.Series:
     return pd.Series(
         [v if p is None else json.dumps(p) for v, p in zip(column, values, strict=True)], index=column.index
     )
-
-
-def _missing(v) -> bool:
-    return v is None or (isinstance(v, float) and v != v)
 
 
 def _target_text(value: Any, origin: str, cfg: DataConfig) -> str:
@@ -142,7 +139,7 @@ def format_prompt(cfg: DataConfig, value: Any, origin: str = "the data") -> str 
     """One row's prompt as stored in the splits: the templated question (prompt_format: text), or the JSON of its
     chat messages (prompt_format: chat; tasks/scoring/chat.py). A source value that already holds messages is kept as it
     is (the system prompt put first when it has none), and validation checks it."""
-    if _missing(value):
+    if is_missing(value):
         return None
     value = chat.plain(value)
     holds_messages = isinstance(value, list)
