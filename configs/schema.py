@@ -107,7 +107,7 @@ class PipelineConfig(Section):
         trained = {r["name"]: r for r in grpo["rewards"] if isinstance(r, dict) and isinstance(r.get("name"), str)}
         section = {
             **section,
-            "correctness_reward": _as_trained(section.get("correctness_reward", "correctness"), trained),
+            "correctness_reward": _as_trained(section.get("correctness_reward", CORRECTNESS.name), trained),
         }
         if isinstance(section.get("suites"), list):
             section["suites"] = [

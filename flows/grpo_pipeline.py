@@ -136,14 +136,14 @@ check_inputs = stage_task(_check_inputs, "check_inputs")
 sft_warmup = stage_task(_sft_warmup, "sft_warmup")
 check_sft = stage_task(_check_sft, "check_sft")
 difficulty_filter = stage_task(_filter_by_difficulty, "difficulty_filter", task_run_name="difficulty_filter-{label}")
-grpo_train = stage_task(_grpo_train, "grpo_train", task_run_name="grpo-round{spec.round_index}")
+grpo_train = stage_task(_grpo_train, "grpo_train", task_run_name="{spec.name}")
 # The same stage on another work pool (grpo.work_pool), keyed like the local one, and retried like it: a child flow
 # run that failed for a passing reason runs again (resuming from its checkpoints); bad input, a health alarm or a
 # cancelled child fails at once with the round's own error.
 grpo_train_remote = task(
     remote_grpo_train,
     name="grpo_train",
-    task_run_name="grpo-round{spec.round_index}",
+    task_run_name="{spec.name}",
     cache_key_fn=_grpo_train.stage.cache_key,
     persist_result=True,
     **{**RETRIED, "retry_condition_fn": retry_remote_round},
@@ -416,7 +416,7 @@ def grpo_round(
         start=start, train=train, cfg=cfg.grpo, model_cfg=model_cfg, round_index=r, ctx=ctx, held_out=data.probe,
         correctness_reward=cfg.eval.correctness_reward, monitors=cfg.monitors, code_dir=cfg.code_dir,
     )  # fmt: skip
-    policy = run(f"grpo-round{r}", grpo_train if cfg.grpo.work_pool is None else grpo_train_remote, spec=spec)
+    policy = run(spec.name, grpo_train if cfg.grpo.work_pool is None else grpo_train_remote, spec=spec)
     scores = start_scores if policy.kept_start else evaluate_suites(run, cfg, policy, suites, f"r{r}")
     return Round(index=r, policy=policy, result=scores[cfg.gating_suite()], difficulty=kept, suites=scores, start=start,
                  train=train)  # fmt: skip

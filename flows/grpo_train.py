@@ -19,7 +19,7 @@ from prefect.deployments import run_deployment
 from grpo_pipeline.tasks.core.common import Checkpoint
 from grpo_pipeline.tasks.core.publish import hand_over, materialize, publish, replace_refs, share_inputs, take_over
 from grpo_pipeline.tasks.core.runtime import add_import_paths, setup
-from grpo_pipeline.tasks.grpo import GRPORound, grpo_train, round_name
+from grpo_pipeline.tasks.grpo import GRPORound, grpo_train
 
 
 class RoundFailed(RuntimeError):
@@ -50,13 +50,13 @@ def remote_grpo_train(spec: GRPORound) -> Checkpoint:
     """`grpo_train` through the deployment `grpo-train/<spec.cfg.work_pool>`; waits for it and returns its checkpoint,
     fetched here when its path is not. A failed child fails this call with the child's error."""
     ctx, pool, r = spec.ctx, spec.cfg.work_pool, spec.round_index
-    start, (train, held_out) = share_inputs(spec.start, [spec.train, spec.held_out], ctx, round_name(r))
+    start, (train, held_out) = share_inputs(spec.start, [spec.train, spec.held_out], ctx, spec.name)
     handoff = uuid.uuid4().hex  # names the round's result in MLflow
     shared = spec.model_copy(update={"start": start, "train": train, "held_out": held_out})
     child = run_deployment(
         f"grpo-train/{pool}",
         parameters={"spec": shared.model_dump(mode="json"), "handoff": handoff},
-        flow_run_name=round_name(r),
+        flow_run_name=spec.name,
         timeout=None,  # wait for the round, however long it trains
         poll_interval=2,  # one small API call each time; the round's end is seen within 2 s (Prefect's default: 5)
     )

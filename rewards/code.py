@@ -33,7 +33,6 @@ from grpo_pipeline.rewards.code_formats import (
     StdoutRule,
     TestFormatError,
     entry_expression,
-    is_missing,
     parse_tests,
 )
 from grpo_pipeline.rewards.harness import wire
@@ -47,6 +46,7 @@ from grpo_pipeline.rewards.sandbox import (
     default_sandbox,
 )
 from grpo_pipeline.tasks.core import python_ast
+from grpo_pipeline.tasks.core.values import is_blank
 
 logger = logging.getLogger(__name__)
 
@@ -244,7 +244,7 @@ def build_job(prompt: Any, completion: Any, row: dict[str, Any], io: IoLimits | 
             return stdio_job(text, parsed.cases, io or IoLimits(), parsed.stdout_rule)
         return calls_job(text, parsed)
     if tests is not None and len(tests) > 0:
-        named = None if is_missing(entry_point) else str(entry_point)
+        named = None if is_blank(entry_point) else str(entry_point)
         return asserts_job(text, tests, row.get("test_setup_code") or "", named)
     if isinstance(test, str) and test.strip() and entry_point:
         return humaneval_job(prompt_text(prompt), text, test, str(entry_point))

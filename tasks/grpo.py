@@ -124,6 +124,11 @@ class GRPORound(BaseModel):
     # where the user's modules live: it tells a worker elsewhere where to import them from, and changes no result
     code_dir: str | None = Field(default=None, json_schema_extra=UNKEYED, description="The recipe's directory.")
 
+    @property
+    def name(self) -> str:
+        """The round's one name (`round_name`), which its stage folder and task run are formatted from."""
+        return round_name(self.round_index)
+
 
 def _rewards_code(params: Mapping[str, Any]) -> dict[str, str]:
     """The user's code the round runs: its rewards' modules and its tools' and environment's (agents/)."""
@@ -184,11 +189,12 @@ def round_health(
 
 
 def round_name(round_index: int) -> str:
-    """The one name of GRPO round `round_index`: its task run, MLflow run, output folder and progress artifact."""
+    """The one name of GRPO round `round_index`: its task run, MLflow run, output folder and progress artifact
+    (`GRPORound.name`, which the stage folder and the task run names are formatted from)."""
     return f"grpo-round{round_index}"
 
 
-@stage("grpo-round{spec.round_index}", external=_rewards_code)
+@stage("{spec.name}", external=_rewards_code)
 @launched
 def grpo_train(spec: GRPORound, *, out: Path) -> Checkpoint:
     """One GRPO round from `spec.start`: the policy checkpoint, with its MLflow run id and the round's health alarms.
@@ -202,7 +208,7 @@ def grpo_train(spec: GRPORound, *, out: Path) -> Checkpoint:
 
     start, cfg, ctx, monitors, round_index = spec.start, spec.cfg, spec.ctx, spec.monitors, spec.round_index
     correctness_reward = spec.correctness_reward
-    stage_name = round_name(round_index)
+    stage_name = spec.name
     reward_fns, weights = build_rewards(cfg.rewards)
     health = round_health(cfg, monitors, stage_name, weights, correctness_reward)
     if monitors.enabled:

@@ -85,6 +85,23 @@ def test_source_messages_are_kept_and_text_mode_refuses_them() -> None:
         map_columns(raw, chat_data(prompt_format="text", system_prompt=None), origin="data file x.jsonl")
 
 
+def test_sft_targets_are_read_as_the_rewards_read_a_completion() -> None:
+    # one rule for a completion's text (rewards.completion_text): a lone message gives its content, not its repr;
+    # a number stays its str; a list that is not chat messages is refused, naming the file and the column
+    raw = pd.DataFrame(
+        {
+            "prompt": ["2+2=", "3+3=", "4+4="],
+            "answer": ["4", "6", "8"],
+            "completion": [{"role": "assistant", "content": "4"}, 6, [{"role": "assistant", "content": "8"}]],
+        }
+    )
+    out = map_columns(raw, chat_data(completion_column="completion"), origin="data file x.jsonl")
+    assert out["completion"].tolist() == ["4", "6", "8"]
+    raw["completion"] = [["4"], "6", "8"]
+    with pytest.raises(DataError, match=r"x.jsonl: column 'completion' holds \['4'\], which is neither text"):
+        map_columns(raw, chat_data(completion_column="completion"), origin="data file x.jsonl")
+
+
 @pytest.mark.parametrize(
     ("bad_prompt", "problem"),
     [

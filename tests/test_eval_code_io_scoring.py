@@ -58,7 +58,7 @@ FILES: dict[str, tuple[list[dict[str, Any]], list[str], list[str]]] = {
 
 
 def _score(rows: pd.DataFrame, fmt: str, programs: list[str]) -> list[float | None]:
-    reward = build_reward(correctness_reward_for(fmt), {"timeout_s": 20.0})
+    reward = build_reward(correctness_reward_for(fmt).name, {"timeout_s": 20.0})
     columns = {c: rows[c].tolist() for c in rows.columns if c not in ("prompt", "completion")}
     return reward(rows["prompt"].tolist(), [f"```python\n{p}```" for p in programs], **columns)
 

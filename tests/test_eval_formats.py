@@ -16,7 +16,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from grpo_pipeline.rewards import REGISTRY, build_reward
+from grpo_pipeline.configs.eval import CORRECTNESS
+from grpo_pipeline.configs.grpo import RewardSpec
+from grpo_pipeline.rewards import REGISTRY, build_reward, build_spec
 from grpo_pipeline.tasks.scoring.adapters import mbpp_prompt
 from grpo_pipeline.tasks.scoring.formats import FORMATS, correctness_reward_for, detect_format, load_eval_rows
 from grpo_pipeline.tasks.scoring.items import judge
@@ -80,7 +82,7 @@ def test_detect_format_names_the_columns_and_the_formats() -> None:
 
 
 def test_correctness_rewards_are_registered() -> None:
-    assert {fmt: correctness_reward_for(fmt) for fmt in FORMATS} == {
+    assert {fmt: correctness_reward_for(fmt).name for fmt in FORMATS} == {
         "gsm8k": "correctness",
         "boxed": "correctness",
         "humaneval": "code_tests",
@@ -91,7 +93,9 @@ def test_correctness_rewards_are_registered() -> None:
         "open-r1": "code_tests",
         "columns": "correctness",
     }
-    assert {correctness_reward_for(fmt) for fmt in FORMATS} <= set(REGISTRY)
+    assert {correctness_reward_for(fmt).name for fmt in FORMATS} <= set(REGISTRY)
+    # the math formats are judged by the very spec that eval.correctness_reward defaults to
+    assert correctness_reward_for("gsm8k") is CORRECTNESS and isinstance(CORRECTNESS, RewardSpec)
     with pytest.raises(DataError, match="unknown eval format 'aime'"):
         correctness_reward_for("aime")
 
@@ -199,7 +203,7 @@ def test_boxed_answers_are_the_last_box_or_the_answer_column() -> None:
 def test_boxed_gold_scores_one_and_wrong_zero() -> None:
     rows, fmt = load_eval_rows(pd.DataFrame(MATH_ROWS))
     completions = [[right, wrong] for right, wrong in zip(MATH_RIGHT, MATH_WRONG, strict=True)]
-    correct = judge(build_reward(correctness_reward_for(fmt)), rows, completions)[0]
+    correct = judge(build_spec(correctness_reward_for(fmt)), rows, completions)[0]
     assert correct == [[True, False]] * len(MATH_ROWS)
 
 
@@ -218,7 +222,7 @@ def test_humaneval_rows_keep_prompt_tests_and_solution(humaneval: pd.DataFrame) 
 @pytest.mark.integration
 def test_humaneval_canonical_passes_and_unimplemented_fails(humaneval: pd.DataFrame, code_sandbox: None) -> None:
     # a generous wall clock: this checks verdicts, not speed, and the suite loads the cores with other tests
-    reward = build_reward(correctness_reward_for("humaneval"), {"timeout_s": 30})
+    reward = build_reward(correctness_reward_for("humaneval").name, {"timeout_s": 30})
     completions = [[solution, "    raise NotImplementedError\n"] for solution in humaneval["answer"]]
     correct = judge(reward, humaneval, completions)[0]
     failed = [i for i, (canonical, _) in zip(humaneval["id"], correct, strict=True) if not canonical]
@@ -340,7 +344,7 @@ def test_sanitized_mbpp_reads_prompt_and_test_imports() -> None:
 @pytest.mark.integration
 def test_mbpp_canonical_scores_one_and_broken_zero(code_sandbox: None) -> None:
     rows, fmt = load_eval_rows(pd.DataFrame(MBPP_ROWS))
-    reward = build_reward(correctness_reward_for(fmt), {"timeout_s": 5})
+    reward = build_reward(correctness_reward_for(fmt).name, {"timeout_s": 5})
     completions = [[code, broken] for code, broken in zip(rows["answer"], MBPP_BROKEN, strict=True)]
     assert judge(reward, rows, completions)[0] == [[True, False]] * len(MBPP_ROWS)
 
@@ -419,7 +423,7 @@ def test_columns_pass_through_keeps_extra_columns(tmp_path: Path) -> None:
         path, index=False
     )
     rows, fmt = load_eval_rows(path)
-    assert fmt == "columns" and correctness_reward_for(fmt) == "correctness"
+    assert fmt == "columns" and correctness_reward_for(fmt) == CORRECTNESS
     assert rows.to_dict("list") == {
         "id": ["0", "1"],
         "prompt": ["12+34=", "1+1="],

@@ -89,7 +89,7 @@ def test_detect_code_io_formats(columns: list[str], expected: str) -> None:
 
 def test_code_io_formats_are_judged_by_code_tests_without_majority_votes() -> None:
     assert set(CODE_IO_FORMATS) <= set(FORMATS)
-    assert {correctness_reward_for(fmt) for fmt in CODE_IO_FORMATS} == {"code_tests"}
+    assert {correctness_reward_for(fmt).name for fmt in CODE_IO_FORMATS} == {"code_tests"}
     assert "code_tests" in NO_VOTE_REWARDS  # a program has no final answer to vote on
 
 

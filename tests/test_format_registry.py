@@ -21,7 +21,7 @@ def test_every_eval_format_has_every_part() -> None:
     assert len(set(FORMATS)) == len(FORMATS)
     for fmt in EVAL_FORMATS:
         assert fmt.signatures and all(s and all(isinstance(c, str) for c in s) for s in fmt.signatures), fmt.name
-        assert fmt.correctness_reward in REGISTRY, fmt.name
+        assert fmt.correctness_reward.name in REGISTRY, fmt.name
         assert correctness_reward_for(fmt.name) == fmt.correctness_reward
         assert callable(fmt.mapper), fmt.name
 
@@ -32,7 +32,7 @@ def test_every_code_format_has_every_part_and_is_an_eval_format() -> None:
     assert list(built) == [code.name for code in CODE_FORMATS]
     for code in CODE_FORMATS:
         assert built[code.name].code is code and built[code.name].signatures == code.signatures
-        assert built[code.name].correctness_reward == "code_tests"
+        assert built[code.name].correctness_reward.name == "code_tests"
         assert callable(code.parse), code.name
         assert code.stdout_rule in get_args(StdoutRule) and code.stdout_rule != "lines", code.name
         assert code.test_columns and code.statement_columns and code.id_column, code.name

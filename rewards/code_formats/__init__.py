@@ -67,7 +67,6 @@ from grpo_pipeline.rewards.code_formats.cases import (
     StdioCase,
     StdoutRule,
     TestFormatError,
-    is_missing,
     json_text,
     plain,
     string_list,
@@ -76,6 +75,7 @@ from grpo_pipeline.rewards.code_formats.codecontests import CODECONTESTS
 from grpo_pipeline.rewards.code_formats.livecodebench import LIVECODEBENCH, decode_private_blob
 from grpo_pipeline.rewards.code_formats.open_r1 import OPEN_R1
 from grpo_pipeline.tasks.core import python_ast
+from grpo_pipeline.tasks.core.values import is_blank
 
 __all__ = [
     "CODE_FORMATS",
@@ -90,7 +90,6 @@ __all__ = [
     "decode_private_blob",
     "detect_tests_format",
     "entry_expression",
-    "is_missing",
     "json_text",
     "parse_tests",
     "plain",
@@ -108,7 +107,7 @@ TEST_FORMAT_COLUMNS: tuple[str, ...] = (*(c for fmt in CODE_FORMATS for c in fmt
 def detect_tests_format(row: Mapping[str, Any]) -> CodeFormat | None:
     """The first format (in `CODE_FORMATS` order) with a non-missing test column in `row`, or None."""
     for fmt in CODE_FORMATS:
-        if any(not is_missing(row.get(c)) for c in fmt.test_columns):
+        if any(not is_blank(row.get(c)) for c in fmt.test_columns):
             return fmt
     return None
 
@@ -124,7 +123,7 @@ def parse_tests(row: Mapping[str, Any]) -> ParsedTests | None:
         return None
     parsed = fmt.parse(row)
     if not parsed.cases:
-        present = [c for c in fmt.test_columns if not is_missing(row.get(c))]
+        present = [c for c in fmt.test_columns if not is_blank(row.get(c))]
         raise TestFormatError(f"column(s) {present} hold no test case")
     return replace(parsed, source=fmt.name, stdout_rule=fmt.stdout_rule)
 

@@ -16,10 +16,10 @@ from grpo_pipeline.rewards.code_formats.cases import (
     as_sequence,
     as_text,
     decoded,
-    is_missing,
     paired,
     string_list,
 )
+from grpo_pipeline.tasks.core.values import is_blank
 
 COLUMN = "input_output"
 
@@ -29,8 +29,8 @@ def io_dict_tests(io_dict: dict[str, Any], column: str, fn_name: Any = None) -> 
     if "inputs" not in io_dict or "outputs" not in io_dict:
         raise TestFormatError(f"column {column!r} needs 'inputs' and 'outputs'; it has {sorted(io_dict)}")
     pairs = paired(io_dict["inputs"], io_dict["outputs"], column, ("inputs", "outputs"))
-    fn_name = io_dict.get("fn_name") if is_missing(fn_name) else fn_name
-    if is_missing(fn_name):
+    fn_name = io_dict.get("fn_name") if is_blank(fn_name) else fn_name
+    if is_blank(fn_name):
         cases = tuple(
             StdioCase(as_text(i, column, f"inputs[{n}]"), as_text(o, column, f"outputs[{n}]"))
             for n, (i, o) in enumerate(pairs)

@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from grpo_pipeline.tasks.core.values import is_blank
+
 # ----------------------------------------------------------------------------- the normalized form
 
 
@@ -101,15 +103,6 @@ PYTHON_LANGUAGES = ("python", "python3")
 # ----------------------------------------------------------------------------- value helpers
 
 
-def is_missing(value: Any) -> bool:
-    """None, NaN (pandas' missing), pandas.NA or a blank string."""
-    if value is None or type(value).__name__ in ("NAType", "NaTType"):
-        return True
-    if isinstance(value, float):
-        return value != value
-    return isinstance(value, str) and not value.strip()
-
-
 def plain(value: Any) -> Any:
     """`value` as plain Python: Parquet/Arrow give numpy arrays for lists (`tolist`), tuples become lists."""
     if isinstance(value, (str, bytes)):
@@ -142,7 +135,7 @@ def string_list(value: Any) -> list[str] | None:
 def json_text(value: Any) -> Any:
     """A test column's value as JSON text (missing values and strings unchanged), so that rows of one column have
     one type whatever their shapes: Parquet cannot store a column mixing e.g. lists of strings and lists of lists."""
-    if is_missing(value) or isinstance(value, str):
+    if is_blank(value) or isinstance(value, str):
         return value
     return json.dumps(plain(value))
 

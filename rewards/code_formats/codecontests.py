@@ -14,10 +14,10 @@ from grpo_pipeline.rewards.code_formats.cases import (
     as_mapping,
     as_text,
     decoded,
-    is_missing,
     paired,
     plain,
 )
+from grpo_pipeline.tasks.core.values import is_blank
 
 TEST_COLUMNS = ("public_tests", "private_tests", "generated_tests")
 
@@ -26,7 +26,7 @@ def parse_codecontests(row: Mapping[str, Any]) -> ParsedTests:
     """CodeContests `public_tests` + `private_tests` + `generated_tests`, all stdio."""
     cases: list[StdioCase] = []
     for column in TEST_COLUMNS:
-        if is_missing(row.get(column)):
+        if is_blank(row.get(column)):
             continue
         tests = as_mapping(decoded(row[column], column), column, "the value")
         if "input" not in tests or "output" not in tests:
@@ -39,7 +39,7 @@ def parse_codecontests(row: Mapping[str, Any]) -> ParsedTests:
 def first_python3_solution(value: Any) -> str:
     """The first Python 3 program of CodeContests' `solutions` ({language: [...], solution: [...]}; 3 is PYTHON3 in
     the dataset's Language enum), or ""."""
-    if is_missing(value):
+    if is_blank(value):
         return ""
     if isinstance(value, str):
         try:

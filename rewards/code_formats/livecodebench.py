@@ -23,9 +23,9 @@ from grpo_pipeline.rewards.code_formats.cases import (
     as_sequence,
     as_text,
     decoded,
-    is_missing,
     plain,
 )
+from grpo_pipeline.tasks.core.values import is_blank
 
 TEST_COLUMNS = ("public_test_cases", "private_test_cases")
 
@@ -84,7 +84,7 @@ def _lcb_cases(value: Any, column: str) -> list[dict[str, Any]]:
 
 def _lcb_func_name(row: Mapping[str, Any]) -> str:
     value = row.get("metadata")
-    meta = {} if is_missing(value) else decoded(value, "metadata")
+    meta = {} if is_blank(value) else decoded(value, "metadata")
     name = meta.get("func_name") if isinstance(meta, dict) else None
     if not isinstance(name, str) or not name:
         raise TestFormatError("column 'metadata' has no 'func_name', which functional tests call")
@@ -105,7 +105,7 @@ def parse_livecodebench(row: Mapping[str, Any]) -> ParsedTests:
     labelled = [
         (column, case)
         for column in TEST_COLUMNS
-        if not is_missing(row.get(column))
+        if not is_blank(row.get(column))
         for case in _lcb_cases(row[column], column)
     ]
     kinds = {str(case["testtype"]) for _, case in labelled}

@@ -14,4 +14,5 @@ core/
   ray_tasks.py    a stage as one Ray task (the evaluation suites' fan-out)
   ray_cluster.py  what both Ray ways share: the cluster, inputs published for workers, a worker's start-up
   publish.py      a round's inputs shared with, and its policy fetched from, a remote work pool
+  values.py       what counts as a missing value in a table cell (None, NaN, pandas.NA) and a blank one
 """

@@ -44,6 +44,7 @@ from grpo_pipeline.rewards.code_formats import (
     string_list,
 )
 from grpo_pipeline.rewards.math import extract_gold, last_boxed
+from grpo_pipeline.tasks.core.values import is_blank
 from grpo_pipeline.tasks.sources import DataError
 
 MAX_ROWS_SHOWN = 5
@@ -56,26 +57,22 @@ def _rows_error(origin: str, problem: str, rows: list[int], fix: str) -> DataErr
     return DataError(f"{origin}: {problem} in {len(rows)} row(s) (counted from 0): {shown}{more}. {fix}")
 
 
-def _is_missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and value != value) or (isinstance(value, str) and not value)
-
-
 def _require_values(raw: pd.DataFrame, column: str, origin: str) -> None:
-    bad = [i for i, v in enumerate(raw[column]) if _is_missing(v)]
+    bad = [i for i, v in enumerate(raw[column]) if is_blank(v)]
     if bad:
         raise _rows_error(origin, f"column {column!r} is empty", bad, "Fill it in or remove those rows from the file.")
 
 
 def _ids(raw: pd.DataFrame, column: str = "task_id") -> list[str]:
     if column in raw.columns:
-        return [str(i) if _is_missing(v) else str(v) for i, v in enumerate(raw[column])]
+        return [str(i) if is_blank(v) else str(v) for i, v in enumerate(raw[column])]
     return [str(i) for i in range(len(raw))]
 
 
 def _text_or_empty(raw: pd.DataFrame, column: str) -> list[str]:
     if column not in raw.columns:
         return [""] * len(raw)
-    return ["" if _is_missing(v) else str(v) for v in raw[column]]
+    return ["" if is_blank(v) else str(v) for v in raw[column]]
 
 
 def _gsm8k_answer(solution: str) -> str | None:
@@ -102,9 +99,9 @@ def map_gsm8k(raw: pd.DataFrame, origin: str) -> pd.DataFrame:
 
 
 def _boxed_answer(answer: Any, solution: Any) -> str | None:
-    if not _is_missing(answer):
+    if not is_blank(answer):
         return str(answer).strip()
-    boxed = None if _is_missing(solution) else last_boxed(str(solution))
+    boxed = None if is_blank(solution) else last_boxed(str(solution))
     return boxed.strip() if boxed and boxed.strip() else None
 
 

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from grpo_pipeline.configs.eval import CORRECTNESS
+from grpo_pipeline.configs.grpo import RewardSpec
 from grpo_pipeline.rewards.code_formats import CODE_FORMATS, CodeFormat
 from grpo_pipeline.tasks.scoring.adapters import (
     map_boxed,
@@ -37,8 +39,9 @@ from grpo_pipeline.tasks.sources.tables import read_table
 
 Mapper = Callable[[pd.DataFrame, str], pd.DataFrame]  # (raw rows, where they came from) -> the eval columns
 
-# Names in the reward registry (rewards/registry.py) that decide whether a completion is correct.
-CORRECTNESS, CODE_TESTS = "correctness", "code_tests"
+# The rewards that decide whether a completion is correct: the math answer check (configs/eval.py's default, from
+# there) and running the problem's tests (rewards/code.py).
+CODE_TESTS = RewardSpec(name="code_tests")
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ class EvalFormat:
 
     name: str
     signatures: tuple[frozenset[str], ...]
-    correctness_reward: str
+    correctness_reward: RewardSpec
     mapper: Mapper
     code: CodeFormat | None = None
 
@@ -88,7 +91,7 @@ def detect_format(columns: Iterable[str], origin: str = "the table") -> str:
     )
 
 
-def correctness_reward_for(fmt: str) -> str:
+def correctness_reward_for(fmt: str) -> RewardSpec:
     """The registered reward that scores a completion 1.0 when it is correct for rows of format `fmt`."""
     if fmt not in _BY_NAME:
         raise DataError(f"unknown eval format {fmt!r}; known: {list(FORMATS)}")

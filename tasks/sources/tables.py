@@ -12,8 +12,10 @@ from typing import Any
 import pandas as pd
 
 from grpo_pipeline.configs.schema import DataConfig
+from grpo_pipeline.rewards.registry import completion_text
 from grpo_pipeline.tasks.core import chat
 from grpo_pipeline.tasks.core.hub import dataset_fix
+from grpo_pipeline.tasks.core.values import is_missing
 from grpo_pipeline.tasks.sources import DataError
 
 # ----------------------------------------------------------------------------- files and HF datasets
@@ -78,13 +80,13 @@ def map_columns(raw: pd.DataFrame, cfg: DataConfig, origin: str) -> pd.DataFrame
         )
     out = pd.DataFrame(index=raw.index)
     out["prompt"] = [format_prompt(cfg, v, origin) for v in raw[cfg.prompt_column]]
-    answers = raw[cfg.answer_column].map(lambda v: None if _missing(v) else str(v))
+    answers = raw[cfg.answer_column].map(lambda v: None if is_missing(v) else str(v))
     if cfg.answer_pattern:
         pattern = re.compile(cfg.answer_pattern, re.MULTILINE | re.DOTALL)
         answers = answers.map(lambda v: _extract(pattern, v))
     out["answer"] = answers
     out["completion"] = (
-        raw[cfg.completion_column].map(lambda v: None if _missing(v) else _completion_text(chat.plain(v)))
+        raw[cfg.completion_column].map(lambda v: None if is_missing(v) else _target_text(chat.plain(v), origin, cfg))
         if cfg.completion_column
         else out["answer"]
     )
@@ -100,7 +102,7 @@ def _as_json_if_nested(column: pd.Series) -> pd.Series:
     are such columns: decoded, their rows mix shapes (lists of strings, of lists) that one Parquet column cannot
     hold; as JSON they are the text these datasets publish, which the code_tests reward reads as well.
     """
-    values = [None if _missing(v) or isinstance(v, str) else chat.plain(v) for v in column]
+    values = [None if is_missing(v) or isinstance(v, str) else chat.plain(v) for v in column]
     nested = any(
         isinstance(v, dict) or (isinstance(v, list) and any(isinstance(x, dict | list) for x in v)) for v in values
     )
@@ -111,22 +113,25 @@ def _as_json_if_nested(column: pd.Series) -> pd.Series:
     )
 
 
-def _missing(v) -> bool:
-    return v is None or (isinstance(v, float) and v != v)
-
-
-def _completion_text(value: Any) -> str:
-    """An SFT target as text: a chat completion ([{"role": "assistant", "content": ...}]) gives its last content."""
-    if isinstance(value, list) and value and isinstance(value[-1], dict):
-        return str(value[-1].get("content", ""))
-    return str(value)
+def _target_text(value: Any, origin: str, cfg: DataConfig) -> str:
+    """An SFT target as text: a string, or chat messages' last content, read as the rewards read a completion
+    (`completion_text`), so SFT trains on the text they score; any other scalar (a number in a CSV column) its str."""
+    if not isinstance(value, list | dict):
+        return str(value)
+    try:
+        return completion_text(value)
+    except TypeError:
+        raise DataError(
+            f"{origin}: column {cfg.completion_column!r} holds {value!r}, which is neither text nor chat messages; "
+            "give the SFT target as a string or as [{'role': 'assistant', 'content': ...}]"
+        ) from None
 
 
 def format_prompt(cfg: DataConfig, value: Any, origin: str = "the data") -> str | None:
     """One row's prompt as stored in the splits: the templated question (prompt_format: text), or the JSON of its
     chat messages (prompt_format: chat; tasks/core/chat.py). A source value that already holds messages is kept as it
     is (the system prompt put first when it has none), and validation checks it."""
-    if _missing(value):
+    if is_missing(value):
         return None
     value = chat.plain(value)
     holds_messages = isinstance(value, list)
