@@ -4,7 +4,8 @@ Why not `eval` with empty builtins: the model's text is hostile input (`().__cla
 namespace), and even plain arithmetic such as `9**9**9` would hold the training process for minutes. So only
 number literals, `+ - * / // % **`, unary signs and parentheses are accepted, every value is an exact `Fraction`
 (`0.1 + 0.2` is `0.3`, not `0.30000000000000004`), and a result that would pass `MAX_DIGITS` digits is refused
-before it is computed. Every failure is a returned message that says what to change, never an exception.
+before it is computed. Every refusal raises `ToolFailure` with a message that says what to change: a failed call,
+counted as TRL counts failures (agents/failure.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
 from grpo_pipeline import python_ast
+from grpo_pipeline.agents.failure import ToolFailure
 
 MAX_EXPRESSION_CHARS = 2000  # longer input is refused unparsed (ast.parse of deep nesting is itself costly)
 MAX_DIGITS = 1000  # the largest numerator or denominator any step may produce, in decimal digits
@@ -55,16 +57,19 @@ def calculator(expression: str) -> str:
         expression: The arithmetic expression to evaluate, e.g. "123456789 * 987654321".
 
     Returns:
-        The exact result, or a message starting with "error:" that says what to change.
+        The exact result.
+
+    Raises:
+        ToolFailure: The expression cannot be computed; the message says what to change.
     """
     try:
         return format_number(evaluate(str(expression)))
     except CalcError as e:
-        return f"error: {e}"
+        raise ToolFailure(str(e)) from None
     except ZeroDivisionError:
-        return "error: division by zero"
+        raise ToolFailure("division by zero") from None
     except (OverflowError, MemoryError, RecursionError) as e:  # not expected within the bounds above; still a message
-        return f"error: {type(e).__name__}: the expression is too large; split it into steps"
+        raise ToolFailure(f"{type(e).__name__}: the expression is too large; split it into steps") from None
 
 
 def evaluate(expression: str) -> Fraction:

@@ -127,7 +127,7 @@ def bar_probe(
     environment: str | None = None,
 ) -> list[TrainerCallback]:
     """The probe that ends SFT at `cfg.stop_at_accuracy` (none without the bar); `tools` (names, turn limit) and
-    `environment` make its completions tool episodes (agents/text_tools.py `eval_tool_loop`)."""
+    `environment` make its completions tool episodes (agents/loops.py `eval_tool_loop`)."""
     if cfg.stop_at_accuracy is None:
         return []
     if probe is None:
