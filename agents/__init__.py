@@ -10,7 +10,10 @@ what the pipeline adds around it:
     class by dotted path) resolved and checked, with errors that name the field and the fix; user tools are wrapped
     so that one that raises, hangs or floods gives the model a message within limits instead of stalling training;
   - the trainer's arguments: `agent_args(cfg)` for GRPOConfig, `trainer_agent_kwargs(cfg, tokenizer)` for
-    GRPOTrainer, and `tool_code(cfg)`, the fingerprints of the user's tool modules for the stage keys.
+    GRPOTrainer;
+  - the one episode loop (`episodes.run_episodes`) that the text rollout, evaluation, the probes, the difficulty
+    filter and the demonstrations run, in text (`text_tools`) or through the chat template as TRL's own loop does
+    (`chat_tools`), and one definition of a failed tool call for training and evaluation (`failure`).
 
     agents/
       calculator.py     the `calculator` tool: exact arithmetic, parsed with `ast`, never evaluated

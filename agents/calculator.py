@@ -5,8 +5,8 @@ namespace), and even plain arithmetic such as `9**9**9` would hold the training 
 number literals, `+ - * / // % **`, unary signs and parentheses are accepted, every value is an exact `Fraction`
 (`0.1 + 0.2` is `0.3`, not `0.30000000000000004`), and a number that would pass `MAX_DIGITS` digits is refused
 before it is built: a result from its operands' sizes, a literal from its text (`1e100000000` is 11 characters, and
-building its exact value takes minutes). Every failure is a returned message that says what to change, never an
-exception.
+building its exact value takes minutes). Every refusal raises `ToolFailure` with a message that says what to change:
+a failed call, counted as TRL counts failures (agents/failure.py).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Callable
 from decimal import Decimal
 from fractions import Fraction
 
+from grpo_pipeline.agents.failure import ToolFailure
 from grpo_pipeline.tasks.core import python_ast
 
 MAX_EXPRESSION_CHARS = 2000  # longer input is refused unparsed (ast.parse of deep nesting is itself costly)
@@ -61,16 +62,19 @@ def calculator(expression: str) -> str:
         expression: The arithmetic expression to evaluate, e.g. "123456789 * 987654321".
 
     Returns:
-        The exact result, or a message starting with "error:" that says what to change.
+        The exact result.
+
+    Raises:
+        ToolFailure: The expression cannot be computed; the message says what to change.
     """
     try:
         return format_number(evaluate(str(expression)))
     except CalcError as e:
-        return f"error: {e}"
+        raise ToolFailure(str(e)) from None
     except ZeroDivisionError:
-        return "error: division by zero"
+        raise ToolFailure("division by zero") from None
     except (OverflowError, MemoryError, RecursionError) as e:  # not expected within the bounds above; still a message
-        return f"error: {type(e).__name__}: the expression is too large; split it into steps"
+        raise ToolFailure(f"{type(e).__name__}: the expression is too large; split it into steps") from None
 
 
 def evaluate(expression: str) -> Fraction:

@@ -1,15 +1,17 @@
-"""Tool episodes through the chat template, for evaluation, the probe and the difficulty filter of a policy that TRL's
-own loop trained (a model whose chat template carries tool calls: Qwen2.5-Instruct and the others of docs/agents.md).
+"""Tool episodes through the chat template, for a policy that TRL's own loop trains (a model whose chat template
+carries tool calls: Qwen2.5-Instruct and the others of docs/agents.md).
 
 Training runs TRL 1.16's loop (`GRPOTrainer._tool_call_loop`); scoring the policy on single completions would score
-something it was never trained to produce (a tool call, not an answer). So this module runs the same loop outside
-the trainer, step for step as TRL does it: the prompt rendered with the tools' schemas (`apply_chat_template(tools=)`,
-with TRL's training template where the model's own is not prefix-preserving), each completion parsed with TRL's
-`parse_response` (the tokenizer's response template, arguments typed by the tools' schemas), every call run, the tool
-messages appended as ids (the template's suffix for them, TRL's `_get_tool_suffix_ids`), one more completion
-generated, at most `max_turns` times; a tool result that would pass the token budget is rolled back and the episode
-ends there. Episodes are `text_tools.Episode`s, so the counts (calls, errors, turn-limit hits) and the tables are the
-text loop's; `text` is the last assistant message's content, what `completion_text` gives the rewards in training.
+something it was never trained to produce (a tool call, not an answer). So `ChatToolLoop` is how the one episode loop
+(agents/episodes.py `run_episodes`) takes and answers a chat turn, step for step as TRL does: the prompt rendered with
+the tools' schemas (`apply_chat_template(tools=)`, with TRL's training template where the model's own is not
+prefix-preserving), each turn parsed with TRL's `parse_response` (the tokenizer's response template, arguments typed
+by the tools' schemas), every call run and counted as TRL counts it (agents/failure.py: a call that raised failed,
+and the model reads `{'error': ...}`), the tool messages appended as ids (the template's suffix for them, TRL's
+`_get_tool_suffix_ids`), one more turn generated, at most `max_turns` times; tool results that would pass the token
+budget are rolled back and the episode ends there (their calls still count, as in TRL). `text` is the last assistant
+message's content, what `completion_text` gives the rewards in training. tests/test_episode_parity.py runs TRL's own
+loop and this one on the same scripted model and compares them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from grpo_pipeline.agents.episodes import Episode, Message, run_episodes
+from grpo_pipeline.agents.failure import run_call
 from grpo_pipeline.agents.registry import (
     DEFAULT_USER_LIMITS,
     ToolError,
@@ -35,9 +39,7 @@ from grpo_pipeline.agents.registry import (
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from grpo_pipeline.agents.text_tools import Episode, GenerateFn
-
-Message = dict[str, Any]
+    from grpo_pipeline.agents.episodes import GenerateFn
 
 
 @dataclass(frozen=True)
@@ -81,8 +83,6 @@ class ChatToolLoop:
         """Each episode's prompt ids and its Episode. With an environment each episode gets a new instance, reset with
         its row (the prompt as messages, as TRL passes the row); text that reset returns extends the last message, and
         the prompt is rendered with that instance's tools (GRPOTrainer._generate_and_score_completions)."""
-        from grpo_pipeline.agents.text_tools import Episode
-
         if self.environment_class is None:
             return self.prompt_ids(tokenizer, prompts), [Episode() for _ in prompts]
         if rows is None or len(rows) != len(prompts):
@@ -110,41 +110,118 @@ class ChatToolLoop:
             tokenize=True, return_dict=False,
         )  # fmt: skip
 
+    def turn_stop(
+        self, tokenizer: PreTrainedTokenizerBase, width: int, episodes: list[Episode], may_call: list[bool]
+    ) -> None:
+        """None: a chat turn ends at its stop token (EOS), as in TRL's generation."""
+        return None
+
+    def take(
+        self, tokenizer: PreTrainedTokenizerBase, episode: Episode, turn: list[int], context: list[int],
+        stop: Sequence[int], may_call: bool,
+    ) -> list[Mapping[str, Any]]:  # fmt: skip
+        """Append the turn and its message, parsed by TRL's `parse_response` with the tools the prompt was rendered
+        with; its tool calls, [] when it asks for none or the turns are spent (a turn-limit hit). A later turn cut
+        to nothing adds no message (TRL appends none)."""
+        from trl.chat_template_utils import parse_response
+
+        episode.extend(turn, "", by_model=True)
+        if not turn and episode.turns:
+            return []
+        message = parse_response(tokenizer, turn, prefix=context, tools=self.tools_of(episode))
+        episode.messages.append(message)
+        calls = list(message.get("tool_calls") or [])
+        if calls and not may_call:
+            episode.hit_turn_limit = True
+            return []
+        return calls
+
+    def answer(
+        self, tokenizer: PreTrainedTokenizerBase, episode: Episode, calls: list[Mapping[str, Any]], max_new_tokens: int
+    ) -> bool:
+        """Run `calls` and count them; append their tool messages and ids (masked), or, when those would pass
+        `max_new_tokens`, nothing, and the episode ends (TRL rolls them back; their calls stay counted)."""
+        results = self.run_calls(calls, episode)
+        episode.calls += len(results)
+        episode.errors += sum(failed for _, _, failed in results)
+        messages = [{"role": "tool", "name": name, "content": content} for name, content, _ in results]
+        suffix = tool_suffix_ids(tokenizer, messages)
+        if len(episode.completion_ids) + len(suffix) > max_new_tokens:
+            return False
+        episode.turns += 1
+        episode.extend(suffix, "", by_model=False)
+        episode.messages.extend(messages)
+        return True
+
+    def finish(self, episode: Episode) -> None:
+        """The episode's text (its last assistant message) and its environment's reward."""
+        episode.text = next((m["content"] for m in reversed(episode.messages) if m["role"] == "assistant"), "")
+        episode.env_reward = environment_reward(episode)
+
     def episodes(
         self, generate: GenerateFn, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]], *,
         max_new_tokens: int, stop: Sequence[int], started: list[Episode] | None = None,
     ) -> list[Episode]:  # fmt: skip
-        return run_chat_episodes(generate, tokenizer, prompts, self, max_new_tokens=max_new_tokens, stop=stop,
-                                 started=started)  # fmt: skip
+        return run_episodes(generate, tokenizer, prompts, self, max_new_tokens=max_new_tokens, stop=stop,
+                            started=started)  # fmt: skip
 
-    def call(self, call: Mapping[str, Any], episode: Episode | None = None) -> tuple[str, str, bool]:
-        """(tool name, result text, failed) for one parsed tool call of `episode` (its environment's methods too), as
-        `_tool_call_loop` runs it: an exception or an unknown tool becomes `{'error': ...}`; a tool's own refusal
-        (`error: ...`, also a contained method that raised or did not return in time) counts as failed too."""
+    def run_calls(
+        self, calls: Sequence[Mapping[str, Any]], episode: Episode | None = None
+    ) -> list[tuple[str, Any, bool]]:
+        """(tool name, content, failed) for each of one turn's calls, as `_tool_call_loop` runs them: the standalone
+        tools and `episode`'s environment methods by name, a failure (agents/failure.py: an exception, an unknown tool,
+        an unsupported call type) told as `{'error': ...}`, the coroutine tools' results after the others (TRL
+        gathers them last); content as TRL puts it in the tool message (`str(result)`, or its content blocks)."""
         by_name = {fn.__name__: fn for fn in (self.tools_of(episode) if episode else self.functions)}
-        if call.get("type") != "function":
-            return call.get("name", "unknown"), str({"error": f"Unsupported tool call type: {call.get('type')}"}), True
-        name, arguments = call["function"]["name"], call["function"].get("arguments") or {}
-        try:
-            if name not in by_name:
-                raise ValueError(f"Tool {name} not found.")
-            result = str(by_name[name](**arguments))
-        except Exception as e:  # TRL's loop turns any exception into the message the model reads
-            return name, str({"error": str(e)}), True
-        return name, result, result.startswith("error")
+        done: list[tuple[str, Any, bool]] = []
+        pending: list[tuple[str, Any]] = []
+        for call in calls:
+            if call.get("type") != "function":
+                done.append((call.get("name", "unknown"), {"error": f"Unsupported tool call type: {call.get('type')}"},
+                             True))  # fmt: skip
+                continue
+            name, arguments = call["function"]["name"], call["function"]["arguments"]
+            fn = by_name.get(name, _unknown(name))
+            result, failure = run_call(fn, arguments)
+            if failure is not None:
+                done.append((name, {"error": str(failure)}, True))
+            elif inspect.iscoroutine(result):
+                pending.append((name, result))
+            else:
+                done.append((name, result, False))
+        if pending:
+            gathered = asyncio.run(_gather([coroutine for _, coroutine in pending]))
+            for (name, _), r in zip(pending, gathered, strict=True):
+                done.append((name, {"error": str(r)}, True) if isinstance(r, Exception) else (name, r, False))
+        return [(name, r if isinstance(r, list) else str(r), failed) for name, r, failed in done]
+
+    def call(self, call: Mapping[str, Any], episode: Episode | None = None) -> tuple[str, Any, bool]:
+        """(tool name, content, failed) for one parsed tool call of `episode` (`run_calls`)."""
+        (result,) = self.run_calls([call], episode)
+        return result
+
+
+def _unknown(name: str) -> Callable[..., Any]:
+    """A tool that fails as TRL fails a call of a tool it does not have."""
+
+    def unknown(**arguments: Any) -> Any:
+        raise ValueError(f"Tool {name} not found.")
+
+    return unknown
+
+
+async def _gather(coroutines: list[Any]) -> list[Any]:
+    return await asyncio.gather(*coroutines, return_exceptions=True)
 
 
 def _chat_messages(prompt: Any) -> list[Message]:
-    """A stored chat prompt as messages, or ToolError: TRL's loop reads tool calls from assistant messages only."""
-    from grpo_pipeline.tasks.core.chat import decode_messages
-
-    messages = decode_messages(prompt)
-    if messages is None:
+    """A chat prompt's messages, or ToolError: TRL's loop reads tool calls from assistant messages only."""
+    if not isinstance(prompt, list):
         raise ToolError(
             "eval.tools: tool calls through the chat template need chat prompts (TRL's loop reads tool calls from "
             "assistant messages only); set data.prompt_format=chat"
         )
-    return messages
+    return prompt
 
 
 def environment_reward(episode: Episode) -> float | None:
@@ -180,84 +257,6 @@ def tool_suffix_ids(tokenizer: PreTrainedTokenizerBase, tool_messages: list[Mess
     if full[: len(prefix)] != prefix:
         raise ToolError("eval.tools: the chat template renders a tool exchange whose prefix is not its own prefix")
     return full[len(prefix) :]
-
-
-def run_chat_episodes(
-    generate: GenerateFn,
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: list[list[int]],
-    loop: ChatToolLoop,
-    *,
-    max_new_tokens: int,
-    stop: Sequence[int],
-    started: list[Episode] | None = None,
-) -> list[Episode]:
-    """One episode per prompt (ids rendered by `loop.begin`, with `started` its episodes, or by `loop.prompt_ids`),
-    TRL's `_tool_call_loop` outside the trainer: parse each completion; for those with tool calls run them, append
-    the tool messages' ids (masked) and generate again, at most `loop.max_turns` times. A result that would pass
-    `max_new_tokens` is rolled back and the episode ends; an episode still calling when the turns are spent is a
-    turn-limit hit. An episode with an environment is scored by its `get_reward()` at the end (`env_reward`)."""
-    from grpo_pipeline.agents.text_tools import Episode
-
-    episodes = started if started is not None else [Episode() for _ in prompts]
-    active = list(range(len(prompts)))
-    _generate_turn(generate, tokenizer, prompts, episodes, active, loop, max_new_tokens, stop)
-    active = [i for i in active if _pending_calls(episodes[i])]
-    for _ in range(loop.max_turns):
-        active = [i for i in active if _answer_calls(tokenizer, episodes[i], loop, max_new_tokens)]
-        if not active:
-            break
-        _generate_turn(generate, tokenizer, prompts, episodes, active, loop, max_new_tokens, stop)
-        active = [i for i in active if _pending_calls(episodes[i])]
-    else:
-        for i in active:  # the turns are spent and the last turn calls again: the call is not run
-            episodes[i].hit_turn_limit = True
-    for episode in episodes:
-        episode.text = next((m["content"] for m in reversed(episode.messages) if m["role"] == "assistant"), "")
-        episode.env_reward = environment_reward(episode)
-    return episodes
-
-
-def _generate_turn(
-    generate: GenerateFn, tokenizer: PreTrainedTokenizerBase, prompts: list[list[int]], episodes: list[Episode],
-    rows: list[int], loop: ChatToolLoop, max_new_tokens: int, stop: Sequence[int],
-) -> None:  # fmt: skip
-    """One assistant turn for each of `rows`: generated from prompt + episode so far, cut at its first stop token and
-    at the budget (as TRL cuts a post-tool turn), parsed by TRL's `parse_response` and appended to the episode."""
-    from trl.chat_template_utils import parse_response
-
-    from grpo_pipeline.tasks.scoring.generation import completion_ids
-
-    contexts = [prompts[i] + episodes[i].completion_ids for i in rows]
-    budgets = [max_new_tokens - len(episodes[i].completion_ids) for i in rows]
-    new_rows = generate(contexts, max(budgets), None)
-    for i, context, budget, new in zip(rows, contexts, budgets, new_rows, strict=True):
-        ids = completion_ids(new, stop)[:budget]
-        episodes[i].extend(ids, "", by_model=True)
-        if ids:  # TRL appends no message for a turn cut to nothing
-            tools = loop.tools_of(episodes[i])
-            episodes[i].messages.append(parse_response(tokenizer, ids, prefix=context, tools=tools))
-
-
-def _pending_calls(episode: Episode) -> list[Mapping[str, Any]]:
-    """The tool calls of the episode's last message when it is an assistant turn that asks for them."""
-    last = episode.messages[-1] if episode.messages else {}
-    return list(last.get("tool_calls") or []) if last.get("role") == "assistant" else []
-
-
-def _answer_calls(tokenizer: PreTrainedTokenizerBase, episode: Episode, loop: ChatToolLoop, budget: int) -> bool:
-    """Run the episode's pending calls and append their tool messages (ids masked out); False, with nothing
-    appended, when the results would pass the token budget (TRL rolls them back and ends the episode)."""
-    results = [loop.call(call, episode) for call in _pending_calls(episode)]
-    messages = [{"role": "tool", "name": name, "content": content} for name, content, _ in results]
-    suffix = tool_suffix_ids(tokenizer, messages)
-    if len(episode.completion_ids) + len(suffix) > budget:
-        return False
-    episode.calls += len(results)
-    episode.errors += sum(failed for _, _, failed in results)
-    episode.extend(suffix, "", by_model=False)
-    episode.messages.extend(messages)
-    return True
 
 
 def turn_limit_hits(completions: Sequence[Any], max_turns: int) -> list[bool] | None:

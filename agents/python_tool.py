@@ -14,10 +14,12 @@ How it runs: the sandbox's "load" mode runs a program once, with its stdout and 
 tests against it; here there are no tests, and the program is a small runner (`RUNNER`) that makes both streams
 unbuffered (as `python -u` does), so the output holds what the program wrote in the order it wrote it (a traceback
 after the lines printed before it), executes the model's code as `__main__` (so `if __name__ == "__main__":` blocks
-run) and prints a traceback without the runner's own frame. What the tool returns is that output, cut to
-`ToolLimits.max_chars`, with a last line saying why the run stopped when it did not end by itself. The tool never
-raises once built: a sandbox that cannot start is a returned error message too (and logged once, loudly, by the
-sandbox).
+run), prints a traceback without the runner's own frame, and exits non-zero when the model's code raised or exited
+non-zero (the sandbox then reports a load error). What the model reads is that output, cut to `ToolLimits.max_chars`,
+with a last line saying why the run stopped when it did not end by itself. A run that did not end well (a traceback, a
+non-zero exit, a limit reached, code refused, a sandbox that cannot start or failed) is a failed call: the tool raises
+`ToolFailure` with that text (agents/failure.py), which TRL's loop and the evaluation's count alike and hand the model
+as `{'error': ...}`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from grpo_pipeline.agents.failure import ToolFailure
 from grpo_pipeline.rewards.sandbox import (
     CodeJob,
     Isolation,
@@ -53,26 +56,32 @@ def _grpo_tool_main(source):
         setattr(sys, name, stream)
         setattr(sys, "__" + name + "__", stream)
     namespace = {"__name__": "__main__", "__file__": __file__, "__builtins__": __builtins__, "exit": exit, "quit": quit}
+    failed = False
     try:
         exec(compile(source, "<python>", "exec"), namespace)
     except SystemExit as e:
         if e.code not in (None, 0):
             print(f"exit status {e.code}", file=sys.stderr)
+            failed = True
     except BaseException as e:
         import traceback
         traceback.print_exception(type(e), e, e.__traceback__.tb_next)
+        failed = True
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except BaseException:
                 pass
+    if failed:
+        raise SystemExit(1)
 
 
 _grpo_tool_main(SOURCE)
 """
 # An empty test list: the harness loads (runs) the program and reports whether it loaded, nothing else.
 NO_TESTS = {"kind": "asserts", "asserts": [], "total": 0, "imports": [], "under_test": []}
+CODE_FAILED = "load error: SystemExit 1"  # the sandbox's detail when RUNNER exits after the code failed
 STOPPED = {
     "timeout": "stopped: the time limit of {timeout:g} s was reached",
     "output_limit": "stopped: the output passed {bytes} bytes",
@@ -117,7 +126,11 @@ def python(code: str) -> str:
         code: The complete Python source to run, e.g. "print(sum(range(10)))".
 
     Returns:
-        The program's output (cut when long), and a last line saying why it stopped if it did not end by itself.
+        The program's output (cut when long).
+
+    Raises:
+        ToolFailure: The program raised, exited non-zero or was stopped; the message is its output (the traceback)
+            and a last line saying why it stopped if it did not end by itself.
     """
     return run_python(code, DEFAULT_LIMITS)
 
@@ -137,35 +150,38 @@ def python_tool(isolation: Isolation = "auto") -> Callable[[str], str]:
 
 
 def run_python(code: str, limits: ToolLimits) -> str:
-    """The `python` tool under `limits`; never raises (a failure of the sandbox itself is a message too)."""
+    """The `python` tool under `limits`: the program's output, or ToolFailure saying why it did not end well."""
     code = str(code)
     if len(code) > limits.max_code_chars:
-        return f"error: the code is longer than {limits.max_code_chars} characters; send a shorter program"
+        raise ToolFailure(f"the code is longer than {limits.max_code_chars} characters; send a shorter program")
     job = CodeJob(program=RUNNER.replace("SOURCE", repr(code)), spec=dict(NO_TESTS))
     try:
         (result,) = default_sandbox(limits.sandbox_config()).run([job])
     except SandboxUnavailable as e:
-        return f"error: the python tool cannot run code on this machine: {e}"
+        raise ToolFailure(f"the python tool cannot run code on this machine: {e}") from None
     except Exception as e:  # the sandbox's own failure: the model is told, training goes on
         logger.exception("python tool: the sandbox failed")
-        return f"error: the sandbox failed ({type(e).__name__}); the code did not run"
+        raise ToolFailure(f"the sandbox failed ({type(e).__name__}); the code did not run") from None
     return describe(result, limits)
 
 
 def describe(result: RunResult, limits: ToolLimits) -> str:
-    """What the model is told about one run: its output, cut to `limits.max_chars`, and why it stopped early."""
+    """What the model is told about one run: its output, cut to `limits.max_chars`; raised as ToolFailure, with a
+    last line saying why it stopped early where it did, when the run did not end well."""
     text = truncate(result.output, limits.max_chars)
-    if result.status in ("ok", "failed"):  # it ran to its end (a raised exception is in the output)
+    if result.status == "ok":
         return text if text.strip() else "(no output)"
+    if result.status == "load_error" and result.detail == CODE_FAILED:  # a traceback or `exit status N` says why
+        raise ToolFailure(text if text.strip() else "the program failed without output")
     if result.status == "infra_error":
         logger.error("python tool: sandbox infrastructure error: %s", result.detail)
-        return f"error: the sandbox failed ({result.detail}); the code did not run"
+        raise ToolFailure(f"the sandbox failed ({result.detail}); the code did not run")
     if result.status == "load_error":
-        note = f"error: {result.detail}" if result.detail else "error: the program did not run"
+        note = result.detail or "the program did not run"
     else:
         template = STOPPED.get(result.status, "stopped: " + result.status)
         note = template.format(timeout=limits.timeout_s, bytes=limits.max_output_bytes)
-    return f"{text}\n{note}" if text.strip() else note
+    raise ToolFailure(f"{text}\n{note}" if text.strip() else note)
 
 
 def truncate(text: str, max_chars: int) -> str:

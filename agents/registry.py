@@ -10,7 +10,8 @@ Contained: a user's tool (or environment method) runs in the training process, w
 every rollout of the step and one that raises or returns megabytes would reach the model's context. So each is
 wrapped (`contain`): the call runs in a daemon thread and is abandoned after `UserToolLimits.timeout_s` (a Python
 thread cannot be killed; it keeps running and its result is thrown away, as the reward registry does), an exception
-becomes an "error: ..." message, and the result is cut to `max_chars`. The built-in tools bound themselves.
+(any BaseException) or the time limit becomes `ToolFailure` with a message cut to `max_chars` (a failed call, as TRL
+counts failures: agents/failure.py), and the result is cut to `max_chars`. The built-in tools bound themselves.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 from transformers.utils import get_json_schema
 
 from grpo_pipeline.agents.calculator import calculator
+from grpo_pipeline.agents.failure import ToolFailure
 from grpo_pipeline.agents.python_tool import python, python_tool, truncate
 from grpo_pipeline.rewards.sandbox import SandboxUnavailable
 
@@ -120,8 +122,8 @@ def check_tool(fn: Callable[..., Any], where: str) -> dict[str, Any]:
 
 
 def contain(fn: Callable[..., Any], limits: UserToolLimits = DEFAULT_USER_LIMITS) -> Callable[..., Any]:
-    """`fn` under `limits`: its result as text cut to `limits.max_chars`, an exception or a missed time limit as an
-    "error: ..." message. The wrapper keeps `fn`'s name, signature and docstring (TRL's schema reads them)."""
+    """`fn` under `limits`: its result as text cut to `limits.max_chars`; an exception or a missed time limit raises
+    ToolFailure saying so. The wrapper keeps `fn`'s name, signature and docstring (TRL's schema reads them)."""
     name = getattr(fn, "__name__", "tool")
     if inspect.iscoroutinefunction(fn):
 
@@ -130,9 +132,9 @@ def contain(fn: Callable[..., Any], limits: UserToolLimits = DEFAULT_USER_LIMITS
             try:
                 result = await asyncio.wait_for(fn(*args, **kwargs), timeout=limits.timeout_s)
             except TimeoutError:
-                return _timed_out(name, limits)
+                raise _timed_out(name, limits) from None
             except Exception as e:
-                return f"error: {type(e).__name__}: {truncate(str(e), limits.max_chars)}"
+                raise _failed(e, limits) from None
             return _as_text(result, limits)
 
         return contained_async
@@ -151,18 +153,22 @@ def contain(fn: Callable[..., Any], limits: UserToolLimits = DEFAULT_USER_LIMITS
         try:
             ok, value = results.get(timeout=limits.timeout_s)
         except queue.Empty:
-            return _timed_out(name, limits)
+            raise _timed_out(name, limits) from None
         if not ok:
-            return f"error: {type(value).__name__}: {truncate(str(value), limits.max_chars)}"
+            raise _failed(value, limits)
         return _as_text(value, limits)
 
     return contained
 
 
-def _timed_out(name: str, limits: UserToolLimits) -> str:
+def _timed_out(name: str, limits: UserToolLimits) -> ToolFailure:
     logger.warning("tool %r did not return within %g s; the model is told so and the call is abandoned",
                    name, limits.timeout_s)  # fmt: skip
-    return f"error: the tool did not return within {limits.timeout_s:g} s"
+    return ToolFailure(f"the tool did not return within {limits.timeout_s:g} s")
+
+
+def _failed(error: BaseException, limits: UserToolLimits) -> ToolFailure:
+    return ToolFailure(f"{type(error).__name__}: {truncate(str(error), limits.max_chars)}")
 
 
 def _as_text(result: Any, limits: UserToolLimits) -> Any:

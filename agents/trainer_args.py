@@ -1,6 +1,5 @@
 """What a GRPO round hands TRL for tool use: `agent_args(cfg)` (GRPOConfig fields), `trainer_agent_kwargs(cfg,
-tokenizer)` (GRPOTrainer's `tools=` and `environment_factory=`), and `tool_code(cfg)` (the user's tool modules'
-fingerprints, for the round's stage key, as a user reward's are).
+tokenizer)` (GRPOTrainer's `tools=` and `environment_factory=`).
 
 What TRL needs from the tokenizer (trl/trainer/grpo_trainer.py, GRPOTrainer.__init__, and trl/chat_template_utils.py;
 docs/agents.md has the whole list): a chat template that renders a tool-calling exchange (`supports_tool_calling`),
@@ -17,8 +16,8 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from grpo_pipeline.agents.registry import ToolError, contained_environment, load_environment, resolve_tool
+from grpo_pipeline.agents.text_tools import needs_text_loop
 from grpo_pipeline.configs.grpo import GRPOStageConfig
-from grpo_pipeline.tasks.core.stage import user_code
 
 TOOL_TEMPLATES = "Qwen2.5/Qwen3 instruct models, Llama 3.1/3.2 instruct"  # a few TRL can parse (docs/agents.md)
 
@@ -38,8 +37,6 @@ def trainer_agent_kwargs(cfg: GRPOStageConfig, tokenizer: PreTrainedTokenizerBas
     `environment_factory=` (the environment class, its tool methods contained); {} without tools. Raises ToolError
     naming the field and the fix; may set a response template on `tokenizer` (as TRL itself would). {} as well for
     tools on a model whose chat template cannot carry tool calls: they are called in text (agents/text_tools.py)."""
-    from grpo_pipeline.agents.text_tools import needs_text_loop
-
     if not uses_tools(cfg) or (cfg.environment is None and needs_text_loop(tokenizer)):
         return {}
     kwargs: dict[str, Any] = {}
@@ -105,9 +102,3 @@ def check_agent_config(cfg: GRPOStageConfig) -> list[str]:
         except ToolError as e:
             problems.append(str(e))
     return problems
-
-
-def tool_code(cfg: GRPOStageConfig) -> dict[str, str]:
-    """`{dotted path: source fingerprint}` of the user's tools and environment (built-in tools are project code,
-    keyed with the stage's own): merge it into the round's `user_code`."""
-    return user_code([*cfg.tools, *([cfg.environment] if cfg.environment else [])])

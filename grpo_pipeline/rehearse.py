@@ -248,17 +248,20 @@ def _tool_demonstrations(cfg: PipelineConfig, model_dir: Path) -> list[str]:
     from transformers import AutoModelForCausalLM
 
     from grpo_pipeline.agents.demonstration import EXAMPLE_CALLS, demonstrate, first_result, tokens_after_result
-    from grpo_pipeline.agents.text_tools import eval_tool_loop
+    from grpo_pipeline.agents.loops import eval_tool_loop
     from grpo_pipeline.tasks.core.common import load_tokenizer
+    from grpo_pipeline.tasks.scoring.episodes import EpisodeGenerator
 
     tokenizer, model = load_tokenizer(str(model_dir)), AutoModelForCausalLM.from_pretrained(model_dir)
     loop = eval_tool_loop(cfg.grpo.tools, cfg.grpo.max_tool_turns, tokenizer, tool_params=cfg.grpo.tool_params)
+    # the later turns greedy, as evaluation generates them
+    greedy, stop = EpisodeGenerator(model, tokenizer, loop).turns(max_new_tokens=64, temperature=None, top_p=1.0)
     lines = []
     for name in cfg.grpo.tools:
         if name not in EXAMPLE_CALLS:
             lines.append(f"{name}: not demonstrated (a user's tool: the rehearsal has no arguments to call it with)")
             continue
-        episode = demonstrate(model, tokenizer, loop, name, cfg.data.system_prompt)
+        episode = demonstrate(greedy, stop, tokenizer, loop, name, cfg.data.system_prompt)
         result = first_result(episode, tokenizer)
         lines.append(f"{name}: a scripted call with {EXAMPLE_CALLS[name]} ran {episode.calls} call(s), "
                      f"{episode.errors} failed, result {result!r}; the stand-in then wrote "

@@ -129,11 +129,12 @@ def pass_rates(
 ) -> list[tuple[int, int]]:
     """For each row, (correct, scored) over `n` samples from `policy`: a completion the correctness reward could not
     score (None) is left out rather than counted wrong. With tools each sample is an episode, as the round's rollouts
-    are (agents/text_tools.py `eval_tool_loop`), so the pass rate is the one its groups will see."""
+    are (agents/loops.py `eval_tool_loop`), so the pass rate is the one its groups will see."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from grpo_pipeline.agents.text_tools import EpisodeGenerator, eval_tool_loop
+    from grpo_pipeline.agents.loops import eval_tool_loop
+    from grpo_pipeline.tasks.scoring.episodes import EpisodeGenerator
 
     tokenizer = load_tokenizer(policy.path)
     tokenizer.padding_side = "left"

@@ -132,10 +132,14 @@ class GRPORound(BaseModel):
 
 def _rewards_code(params: Mapping[str, Any]) -> dict[str, str]:
     """The user's code the round runs: its rewards' modules and its tools' and environment's (agents/)."""
-    from grpo_pipeline.agents.trainer_args import tool_code  # transformers loads when a key needs tools
-
     spec: GRPORound = params["spec"]
     return user_code([*(r.name for r in spec.cfg.rewards), spec.correctness_reward.name]) | tool_code(spec.cfg)
+
+
+def tool_code(cfg: GRPOStageConfig) -> dict[str, str]:
+    """`{dotted path: source fingerprint}` of the user's tools and environment (built-in tools are project code,
+    keyed with the stage's own), as a user reward's are."""
+    return user_code([*cfg.tools, *([cfg.environment] if cfg.environment else [])])
 
 
 def round_callbacks(
@@ -149,7 +153,7 @@ def round_callbacks(
     """The round's own trainer callbacks: the held-out accuracy probe (with `held_out`, the probe split, and
     `cfg.probe_problems`; it keeps the best-probed step with `cfg.keep: best_probe` and says so in `notes`) and the
     training-health watch (with `health`)."""
-    from grpo_pipeline.agents.text_tools import eval_tool_loop
+    from grpo_pipeline.agents.loops import eval_tool_loop
     from grpo_pipeline.tasks.training.probe import HeldOutAccuracyProbe
 
     callbacks: list[TrainerCallback] = []
@@ -157,7 +161,8 @@ def round_callbacks(
     if rows is not None and len(rows) and cfg.probe_problems:
         keep = {"keep_best": cfg.keep == "best_probe", "patience": cfg.probe_patience, "notes": notes,
                 "over_start": cfg.keep_over_start, "rule": cfg.keep_rule, "margin": cfg.keep_margin,
-                "tools": eval_tool_loop(cfg.tools, cfg.max_tool_turns, tokenizer, cfg.environment)}  # fmt: skip
+                "tools": eval_tool_loop(cfg.tools, cfg.max_tool_turns, tokenizer, cfg.environment,
+                                        cfg.tool_params)}  # fmt: skip
         probe = HeldOutAccuracyProbe(
             rows, tokenizer, cfg.probe_every_steps, cfg.max_completion_tokens, correctness_reward, **keep
         )

@@ -137,7 +137,7 @@ def bar_probe(
     tool_params: dict[str, dict[str, Any]] | None = None,
 ) -> list[TrainerCallback]:
     """The probe that ends SFT at `cfg.stop_at_accuracy` (none without the bar); `tools` (names, turn limit), their
-    `tool_params` and `environment` make its completions tool episodes (agents/text_tools.py `eval_tool_loop`)."""
+    `tool_params` and `environment` make its completions tool episodes (agents/loops.py `eval_tool_loop`)."""
     if cfg.stop_at_accuracy is None:
         return []
     if probe is None:

@@ -15,9 +15,11 @@ import pytest
 
 from grpo_pipeline.agents.calculator import calculator as _calculator
 from grpo_pipeline.agents.chat_tools import ChatToolLoop
+from grpo_pipeline.agents.episodes import episode_stats
+from grpo_pipeline.agents.loops import eval_tool_loop
 from grpo_pipeline.agents.registry import ToolError, UserToolLimits
-from grpo_pipeline.agents.text_tools import EpisodeGenerator, episode_stats, eval_tool_loop
 from grpo_pipeline.tasks.core.chat import encode_messages
+from grpo_pipeline.tasks.scoring.episodes import EpisodeGenerator
 from tests.agent_models import qwen_tool_model
 
 HERE = "tests.test_agent_environments"
@@ -140,7 +142,7 @@ def test_each_episode_gets_a_fresh_instance_reset_with_its_row(tokenizer) -> Non
 
 def test_reset_text_extends_the_prompt_and_the_methods_are_the_tools(tokenizer) -> None:
     loop = ChatToolLoop((), 2, f"{HERE}:CalcEnv")
-    (ids,), (episode,) = loop.begin(tokenizer, [ROWS[0]["prompt"]], [ROWS[0]])
+    (ids,), (episode,) = loop.begin(tokenizer, [QUESTION], [ROWS[0]])
     prompt = tokenizer.decode(ids)
     assert "What is 2+3? Use the calculator.<|im_end|>" in prompt  # reset's text, appended as TRL appends it
     assert '"name": "calculator"' in prompt  # the instance's method, described as a tool

@@ -17,13 +17,13 @@ from trl.chat_template_utils import parse_response
 from grpo_pipeline.agents import python_tool
 from grpo_pipeline.agents.calculator import calculator
 from grpo_pipeline.agents.chat_tools import ChatToolLoop
+from grpo_pipeline.agents.failure import ToolFailure
 from grpo_pipeline.agents.python_tool import python
 from grpo_pipeline.agents.registry import ToolError, UserToolLimits, contain, resolve_tool
 from grpo_pipeline.agents.trainer_args import (
     agent_args,
     check_agent_config,
     check_tokenizer,
-    tool_code,
     trainer_agent_kwargs,
 )
 from grpo_pipeline.configs.grpo import GRPOStageConfig
@@ -32,6 +32,7 @@ from grpo_pipeline.rewards import code as code_reward
 from grpo_pipeline.rewards.registry import RewardError
 from grpo_pipeline.rewards.sandbox import Sandbox, bwrap_status
 from grpo_pipeline.rewards.sandbox import host as sandbox_host
+from grpo_pipeline.tasks.grpo import tool_code
 from tests.agent_models import qwen_tool_model
 
 USER_TOOLS = '''
@@ -177,12 +178,15 @@ def test_user_tools_are_contained(user_tools: str) -> None:
     import my_tools  # type: ignore[import-not-found]
 
     start = time.monotonic()
-    assert contain(my_tools.hangs, limits)(seconds=5) == "error: the tool did not return within 0.5 s"
+    with pytest.raises(ToolFailure, match=r"^the tool did not return within 0.5 s$"):
+        contain(my_tools.hangs, limits)(seconds=5)
     assert time.monotonic() - start < 2
-    assert contain(my_tools.raises, limits)(a=1) == "error: RuntimeError: boom"
+    with pytest.raises(ToolFailure, match=r"^RuntimeError: boom$"):
+        contain(my_tools.raises, limits)(a=1)
     assert len(contain(my_tools.floods, limits)(n=10_000_000)) <= 100
-    # the model's wrong arguments are a message too, not an exception in the trainer
-    assert contain(my_tools.add, limits)(x=1).startswith("error: TypeError")
+    # the model's wrong arguments are a failed call too, told to the model, never a crash of the trainer
+    with pytest.raises(ToolFailure, match=r"^TypeError"):
+        contain(my_tools.add, limits)(x=1)
 
 
 def test_environment_is_loaded_checked_and_contained(user_tools: str) -> None:
@@ -191,7 +195,8 @@ def test_environment_is_loaded_checked_and_contained(user_tools: str) -> None:
     env = factory()
     assert env.reset(target=2) == " Count to 2."
     assert env.increment(by=2) == "2" and env.get_reward() == 1.0
-    assert env.increment(by="x").startswith("error: TypeError")  # contained: a message, not a raise
+    with pytest.raises(ToolFailure, match=r"^TypeError"):  # contained: a failed call the model is told about
+        env.increment(by="x")
 
 
 @pytest.mark.parametrize(("cls", "says"), [("NoReset", "no reset"), ("Untyped", "type hint"), ("add", "not a class")])

@@ -1,9 +1,11 @@
 """The built-in tools (agents/calculator.py, agents/python_tool.py): the honest case, its wrong twin, and hostile
 calls (huge exponents, code that is not arithmetic, fork bombs, infinite loops, host files, floods), each contained
-and answered with a message within limits; and TRL's JSON schema of each."""
+and answered with a message within limits, a failed call raising ToolFailure (agents/failure.py); and TRL's JSON
+schema of each."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -13,6 +15,7 @@ from transformers.utils import get_json_schema
 
 from grpo_pipeline.agents import python_tool
 from grpo_pipeline.agents.calculator import MAX_EXPRESSION_CHARS, calculator
+from grpo_pipeline.agents.failure import ToolFailure, run_call
 from grpo_pipeline.agents.python_tool import ToolLimits, run_python, truncate
 from grpo_pipeline.rewards.sandbox import SandboxUnavailable, bwrap_status
 
@@ -69,8 +72,8 @@ def test_calculator_wrong_twin_differs() -> None:
 )
 def test_calculator_refuses_with_a_message(expression: str, says: str) -> None:
     start = time.monotonic()
-    answer = calculator(expression)
-    assert answer.startswith("error:") and says in answer, answer
+    with pytest.raises(ToolFailure, match=re.escape(says)):
+        calculator(expression)
     assert time.monotonic() - start < 1.0
 
 
@@ -96,7 +99,15 @@ HUGE_NUMBERS = [
     ("0x10 + 0o7 + 0b1", "24"),
 ]
 # the answer comes in a child process, so that a regression fails the test instead of holding the suite
-ANSWER_IN_A_CHILD = "import sys\nfrom grpo_pipeline.agents.calculator import calculator\nprint(calculator(sys.argv[1]))"
+ANSWER_IN_A_CHILD = """\
+import sys
+from grpo_pipeline.agents.calculator import calculator
+from grpo_pipeline.agents.failure import ToolFailure
+try:
+    print(calculator(sys.argv[1]))
+except ToolFailure as e:
+    print(f"error: {e}")
+"""
 
 
 @pytest.mark.parametrize(("expression", "starts"), HUGE_NUMBERS)
@@ -111,18 +122,25 @@ def test_calculator_bounds_every_literal_before_building_it(expression: str, sta
     assert child.stdout.startswith(starts), child.stdout
 
 
-def test_calculator_never_raises_on_odd_arguments() -> None:
+def test_calculator_reads_odd_arguments_as_text() -> None:
     """TRL passes whatever JSON the model wrote: a number instead of a string is read as its text."""
     assert calculator(12) == "12"  # type: ignore[arg-type]
-    assert calculator(None).startswith("error:")  # type: ignore[arg-type]
+    with pytest.raises(ToolFailure, match="None is not a number"):
+        calculator(None)  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------- python
 
 
+def told(code: str) -> tuple[str, bool]:
+    """What the model reads about a run of `code`, and whether the call failed (raised ToolFailure)."""
+    result, failure = run_call(run_python, {"code": code, "limits": FAST})
+    return (str(failure), True) if failure is not None else (result, False)
+
+
 def test_python_returns_stdout() -> None:
-    assert run_python("print(sum(range(10)))", FAST) == "45\n"
-    assert run_python("if __name__ == '__main__':\n    print('main')", FAST) == "main\n"
+    assert told("print(sum(range(10)))") == ("45\n", False)
+    assert told("if __name__ == '__main__':\n    print('main')") == ("main\n", False)
 
 
 def test_python_sees_the_argv_and_file_of_python_prog_py() -> None:
@@ -132,55 +150,56 @@ def test_python_sees_the_argv_and_file_of_python_prog_py() -> None:
 
 
 def test_python_wrong_twin_and_errors_reach_the_model() -> None:
-    assert run_python("print(sum(range(11)))", FAST) == "55\n"
-    out = run_python("def f(x):\n    return 1 / x\n\nprint(f(0))", FAST)
-    assert "ZeroDivisionError: division by zero" in out and 'File "<python>", line 2' in out
+    assert told("print(sum(range(11)))") == ("55\n", False)
+    out, failed = told("def f(x):\n    return 1 / x\n\nprint(f(0))")
+    assert failed and "ZeroDivisionError: division by zero" in out and 'File "<python>", line 2' in out
     assert "_grpo_tool_main" not in out  # the runner's own frame is not shown
-    assert "SyntaxError" in run_python("def f(:", FAST)
-    assert run_python("import sys; sys.exit(3)", FAST) == "exit status 3\n"
-    assert run_python("x = 1", FAST) == "(no output)"
+    out, failed = told("def f(:")
+    assert failed and "SyntaxError" in out
+    assert told("import sys; sys.exit(3)") == ("exit status 3\n", True)
+    assert told("import sys; print('bye'); sys.exit(0)") == ("bye\n", False)
+    assert told("x = 1") == ("(no output)", False)
 
 
 def test_python_output_keeps_the_programs_write_order() -> None:
     """A traceback comes after what the program printed before it, and stderr lines where they were written."""
-    out = run_python("print('before')\nraise ValueError('late')", FAST)
-    assert out.startswith("before\nTraceback (most recent call last):"), out
+    out, failed = told("print('before')\nraise ValueError('late')")
+    assert failed and out.startswith("before\nTraceback (most recent call last):"), out
     assert out.endswith("ValueError: late\n")
     code = "import sys\nprint('one')\nprint('two', file=sys.stderr)\nprint('three')\nsys.stderr.write('four\\n')"
-    assert run_python(code, FAST) == "one\ntwo\nthree\nfour\n"
+    assert told(code) == ("one\ntwo\nthree\nfour\n", False)
 
 
 def test_python_infinite_loop_is_stopped() -> None:
     start = time.monotonic()
-    out = run_python("while True:\n    pass", FAST)
-    assert out == "stopped: the time limit of 1.5 s was reached"
+    assert told("while True:\n    pass") == ("stopped: the time limit of 1.5 s was reached", True)
     assert time.monotonic() - start < FAST.timeout_s + 3
 
 
 def test_python_fork_bomb_is_contained() -> None:
     start = time.monotonic()
-    out = run_python("import os\nwhile True:\n    os.fork()", FAST)
-    assert "BlockingIOError" in out or "stopped:" in out, out
+    out, failed = told("import os\nwhile True:\n    os.fork()")
+    assert failed and ("BlockingIOError" in out or "stopped:" in out), out
     assert len(out) <= FAST.max_chars + 100
     assert time.monotonic() - start < FAST.timeout_s + 3
-    assert run_python("print('after')", FAST) == "after\n"  # the sandbox is usable again
+    assert told("print('after')") == ("after\n", False)  # the sandbox is usable again
 
 
 def test_python_flood_is_cut() -> None:
-    out = run_python("print('x' * 10_000_000)", FAST)
-    assert out.endswith(f"stopped: the output passed {FAST.max_output_bytes} bytes")
+    out, failed = told("print('x' * 10_000_000)")
+    assert failed and out.endswith(f"stopped: the output passed {FAST.max_output_bytes} bytes")
     assert len(out) <= FAST.max_chars + 100 and "characters cut" in out
 
 
 def test_python_memory_bomb_is_contained() -> None:
-    out = run_python("x = bytearray(8 << 30)\nprint('allocated')", FAST)
-    assert "MemoryError" in out and "allocated" not in out
+    out, failed = told("x = bytearray(8 << 30)\nprint('allocated')")
+    assert failed and "MemoryError" in out and "allocated" not in out
 
 
 @needs_bwrap
 def test_python_cannot_read_host_files() -> None:
-    out = run_python("print(open('/etc/passwd').read())", FAST)
-    assert "FileNotFoundError" in out and "root:" not in out
+    out, failed = told("print(open('/etc/passwd').read())")
+    assert failed and "FileNotFoundError" in out and "root:" not in out
     listing = run_python("import os\nprint(sorted(os.listdir('/root')), sorted(os.listdir('/work')))", FAST)
     assert "main" not in listing and "shared" not in listing  # no checkout, no home files: only the interpreter
 
@@ -195,7 +214,8 @@ def test_python_has_no_network() -> None:
 
 
 def test_python_refuses_huge_code_unrun() -> None:
-    assert run_python("#" * (FAST.max_code_chars + 1), FAST).startswith("error: the code is longer than")
+    out, failed = told("#" * (FAST.max_code_chars + 1))
+    assert failed and out.startswith("the code is longer than")
 
 
 def test_python_reports_an_unavailable_sandbox(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -203,7 +223,7 @@ def test_python_reports_an_unavailable_sandbox(monkeypatch: pytest.MonkeyPatch) 
         raise SandboxUnavailable("no bubblewrap here")
 
     monkeypatch.setattr(python_tool, "default_sandbox", refuse)
-    assert run_python("print(1)", FAST) == "error: the python tool cannot run code on this machine: no bubblewrap here"
+    assert told("print(1)") == ("the python tool cannot run code on this machine: no bubblewrap here", True)
 
 
 def test_truncate_keeps_head_and_tail() -> None:

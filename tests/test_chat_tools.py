@@ -11,7 +11,9 @@ import pandas as pd
 import pytest
 
 from grpo_pipeline.agents.chat_tools import ChatToolLoop, tool_suffix_ids, turn_limit_hits
-from grpo_pipeline.agents.text_tools import EpisodeGenerator, conversation, eval_tool_loop, hf_generate
+from grpo_pipeline.agents.episodes import conversation, hf_generate
+from grpo_pipeline.agents.loops import eval_tool_loop
+from grpo_pipeline.tasks.scoring.episodes import EpisodeGenerator
 from tests.agent_models import qwen_tool_model
 
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call><|im_end|>'
@@ -78,7 +80,9 @@ def test_an_episode_still_calling_when_the_turns_are_spent_hits_the_limit(tokeni
 def test_a_result_past_the_budget_is_rolled_back_and_is_no_turn_limit_hit(tokenizer) -> None:
     first = len(tokenizer(CALL, add_special_tokens=False)["input_ids"])
     done = episode(tokenizer, {"<|im_start|>assistant": CALL}, budget=first + 2)
-    assert (done.calls, done.hit_turn_limit, len(done.messages)) == (0, False, 1)
+    # the call ran and counts (TRL counts it before rolling its result back), but nothing of it was appended
+    assert (done.calls, done.turns, done.hit_turn_limit, len(done.messages)) == (1, 0, False, 1)
+    assert done.env_mask == [1] * first
 
 
 def test_unknown_tools_and_refusals_are_errors_the_model_reads(tokenizer) -> None:
@@ -86,9 +90,8 @@ def test_unknown_tools_and_refusals_are_errors_the_model_reads(tokenizer) -> Non
     assert loop.call({"type": "function", "function": {"name": "search", "arguments": {}}})[1:] == (
         "{'error': 'Tool search not found.'}", True,
     )  # fmt: skip
-    name, text, failed = loop.call({"type": "function", "function": {"name": "calculator",
-                                                                     "arguments": {"expression": "1/0"}}})  # fmt: skip
-    assert name == "calculator" and text.startswith("error") and failed
+    refused = loop.call({"type": "function", "function": {"name": "calculator", "arguments": {"expression": "1/0"}}})
+    assert refused == ("calculator", "{'error': 'division by zero'}", True)  # a refusal is a failed call, as in TRL
 
 
 def test_the_tool_messages_ids_are_trls(tokenizer) -> None:

@@ -10,11 +10,11 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from grpo_pipeline.agents.episodes import completion_ids
 from grpo_pipeline.configs.schema import EvalConfig, RewardSpec
 from grpo_pipeline.rewards import build_reward
 from grpo_pipeline.tasks.core.common import Ref, fingerprint_path
 from grpo_pipeline.tasks.scoring.evaluation import evaluate_model
-from grpo_pipeline.tasks.scoring.generation import completion_ids
 
 SPECIAL = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
 WORDS = ["ab", "cde", "fghi", "jk", "lmnop", "q", "rs", "tuvw"]  # tokens of several characters: chars != tokens

@@ -337,7 +337,7 @@ def test_the_tools_recipe_rehearses_on_qwens_own_tool_template(shared_data, tmp_
     from trl.chat_template_utils import qwen2_5_chat_template
 
     from grpo_pipeline.agents.chat_tools import ChatToolLoop
-    from grpo_pipeline.agents.text_tools import eval_tool_loop
+    from grpo_pipeline.agents.loops import eval_tool_loop
     from grpo_pipeline.agents.trainer_args import check_tokenizer
 
     _, cfg = rehearsed(ROOT / "configs" / "qwen2.5-0.5b-gsm8k-tools.yaml", shared_data, tmp_path)

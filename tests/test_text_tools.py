@@ -10,21 +10,15 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
+from grpo_pipeline.agents.episodes import episode_stats, run_episodes
 from grpo_pipeline.agents.registry import ToolError
-from grpo_pipeline.agents.text_tools import (
-    EpisodeGenerator,
-    TextToolLoop,
-    episode_stats,
-    open_call,
-    run_episodes,
-    text_rollout_kwargs,
-    text_tool_loop,
-)
+from grpo_pipeline.agents.text_tools import TextToolLoop, open_call, text_rollout_kwargs, text_tool_loop
 from grpo_pipeline.configs.data import SyntheticTaskConfig
 from grpo_pipeline.configs.grpo import GRPOStageConfig
 from grpo_pipeline.configs.schema import TinyModelConfig, load_config
 from grpo_pipeline.rewards import build_reward
 from grpo_pipeline.rewards.math import after_tool_results
+from grpo_pipeline.tasks.scoring.episodes import EpisodeGenerator
 from grpo_pipeline.tasks.sources.tool_tasks import carry_free_sum, teacher_completion, tool_arithmetic
 from grpo_pipeline.tasks.training.tiny_model import build_tokenizer
 
@@ -251,7 +245,9 @@ def test_a_scripted_call_demonstrates_the_text_tool(tiny_dir: Path) -> None:
     from grpo_pipeline.tasks.core.common import load_tokenizer
 
     tokenizer = load_tokenizer(str(tiny_dir))
-    episode = demonstrate(AutoModelForCausalLM.from_pretrained(tiny_dir), tokenizer, CALC, "calculator")
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    greedy, stop = EpisodeGenerator(model, tokenizer, CALC).turns(max_new_tokens=64, temperature=None, top_p=1.0)
+    episode = demonstrate(greedy, stop, tokenizer, CALC, "calculator")
     assert episode.text.startswith("<<6*7=42>>") and (episode.calls, episode.errors) == (1, 0)
     assert first_result(episode, tokenizer) == "42>>" and tokens_after_result(episode) >= 1
 

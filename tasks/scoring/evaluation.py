@@ -89,7 +89,7 @@ class EvalResult(BaseModel):
     generation: dict[str, Any] = {}
     # The eval suite these scores are of (configs/eval.py; `heldout`: the held-out split of the training source).
     suite: str = HELDOUT
-    # A tool-using policy's episodes (agents/text_tools.py, `episode_stats`): tool calls per episode, the share that
+    # A tool-using policy's episodes (agents/episodes.py, `episode_stats`): tool calls per episode, the share that
     # called, failed calls per call and the share that wrote a call past the turn limit, for the greedy and the
     # sampled episodes (`tools/greedy_call_frequency`, ...); empty without tools.
     tools: dict[str, float] = {}
@@ -308,7 +308,8 @@ def generator(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from grpo_pipeline.agents.text_tools import EpisodeGenerator, eval_tool_loop
+    from grpo_pipeline.agents.loops import eval_tool_loop
+    from grpo_pipeline.tasks.scoring.episodes import EpisodeGenerator
     from grpo_pipeline.tasks.scoring.vllm_episodes import VLLMEpisodes
 
     loop = eval_tool_loop(cfg.tools, cfg.max_tool_turns, tokenizer, cfg.environment, cfg.tool_params)
@@ -333,7 +334,8 @@ def tool_stats(generate: Any, items: list[dict[str, Any]]) -> dict[str, float]:
     """The tool use of an EpisodeGenerator's two runs (greedy, then sampled), as `EvalResult.tools`; each item gets
     its episodes' tool calls, errors, turn-limit hits and whole conversations, each model turn and tool result
     (items.jsonl, and the completions table logged to MLflow). {} for single completions."""
-    from grpo_pipeline.agents.text_tools import EpisodeGenerator, conversation, episode_stats
+    from grpo_pipeline.agents.episodes import conversation, episode_stats
+    from grpo_pipeline.tasks.scoring.episodes import EpisodeGenerator
 
     if not isinstance(generate, EpisodeGenerator):
         return {}

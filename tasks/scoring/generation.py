@@ -10,7 +10,9 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from grpo_pipeline.tasks.core.chat import decode_messages, render_prompt
+from grpo_pipeline.agents.episodes import completion_ids
+from grpo_pipeline.agents.episodes import prompt_ids as trl_prompt_ids
+from grpo_pipeline.tasks.core.chat import as_prompt, require_chat_template
 
 # Sampling settings evaluation always sets itself, at the values TRL's GRPOTrainer trains with (GRPOConfig's top_k 0
 # and repetition_penalty 1.0): `generate` would otherwise take them from the checkpoint's generation_config (Qwen2.5
@@ -74,14 +76,6 @@ def stop_token_ids(model, tokenizer) -> list[int]:
     ids = [] if configured is None else [configured] if isinstance(configured, int) else list(configured)
     eos = tokenizer.eos_token_id
     return ids if eos is None or eos in ids else [eos, *ids]
-
-
-def completion_ids(generated: Sequence[int], stop: Sequence[int]) -> list[int]:
-    """The generated tokens up to and including the first stop token: the `completion_ids` TRL passes to rewards
-    (GRPOTrainer masks everything after the first EOS), so padding after it is not counted."""
-    ids = list(generated)
-    ends = [i for i, t in enumerate(ids) if t in stop]
-    return ids[: ends[0] + 1] if ends else ids
 
 
 def generate_with_ids(
@@ -195,14 +189,13 @@ def left_padded(batch: list[list[int]], pad: int | None) -> dict[str, Any]:
 
 
 def prompt_ids(tokenizer, prompts: Sequence[Any]) -> list[list[int]]:
-    """Each prompt's token ids as TRL's GRPOTrainer tokenizes it: a plain prompt with the tokenizer's special tokens
-    (the BOS a Llama-type tokenizer adds), a chat prompt (messages) as its template renders it, without adding any
-    (a template writes its own BOS). Pass the stored prompts, not rendered text: rendered chat is plain text."""
-    ids = []
-    for prompt in prompts:
-        chat = decode_messages(prompt) is not None
-        ids.append(tokenizer(render_prompt(tokenizer, prompt), add_special_tokens=not chat)["input_ids"])
-    return ids
+    """Each stored prompt's token ids as TRL's GRPOTrainer tokenizes it (agents/episodes.py `prompt_ids`: text with
+    the tokenizer's special tokens, a chat prompt as its template renders it). Pass the stored prompts, not rendered
+    text: rendered chat is plain text."""
+    prompts = [as_prompt(p) for p in prompts]
+    if any(isinstance(p, list) for p in prompts):
+        require_chat_template(tokenizer, getattr(tokenizer, "name_or_path", "the model"))
+    return trl_prompt_ids(tokenizer, prompts)
 
 
 def generate(

@@ -1,5 +1,5 @@
 """A tool-using policy's episodes in words and tables, for the run summary (flows/summary.py) and the model card
-(tasks/release/card.py): both read `EvalResult.tools` (agents/text_tools.py `episode_stats`, greedy and sampled)."""
+(tasks/release/card.py): both read `EvalResult.tools` (agents/episodes.py `episode_stats`, greedy and sampled)."""
 
 from __future__ import annotations
 

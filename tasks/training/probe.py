@@ -31,12 +31,12 @@ from pathlib import Path
 import pandas as pd
 from transformers import TrainerCallback
 
-from grpo_pipeline.agents.chat_tools import ChatToolLoop
-from grpo_pipeline.agents.text_tools import EpisodeGenerator, TextToolLoop, eval_tool_loop  # noqa: F401 (tasks/sft.py)
+from grpo_pipeline.agents.loops import ToolLoop, eval_tool_loop  # noqa: F401 (eval_tool_loop: tasks/sft.py)
 from grpo_pipeline.configs.grpo import RewardSpec
 from grpo_pipeline.rewards import build_spec
 from grpo_pipeline.tasks.core.common import logger
 from grpo_pipeline.tasks.scoring.curves import PROBE_METRIC
+from grpo_pipeline.tasks.scoring.episodes import EpisodeGenerator
 from grpo_pipeline.tasks.scoring.generation import generate
 from grpo_pipeline.tasks.scoring.items import judge
 from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci
@@ -61,7 +61,7 @@ def accuracy(items: list[float | None]) -> float:
 
 
 def greedy_correct(
-    model, tokenizer, rows: pd.DataFrame, reward, max_new_tokens: int, tools: TextToolLoop | ChatToolLoop | None = None
+    model, tokenizer, rows: pd.DataFrame, reward, max_new_tokens: int, tools: ToolLoop | None = None
 ) -> list[float | None]:
     """Per row: 1.0 when its greedy completion gets `reward` >= 1.0, else 0.0; None when the reward could not
     score it (left out of the accuracy). With `tools`, each completion is a tool episode, as in training."""
@@ -128,14 +128,14 @@ class HeldOutAccuracyProbe(TrainerCallback):
         over_start: bool = False,
         rule: str = "confirm",
         margin: float = 0.0,
-        tools: TextToolLoop | ChatToolLoop | None = None,
+        tools: ToolLoop | None = None,
     ):
         self.rows = rows.reset_index(drop=True)
         self.tokenizer = tokenizer
         self.every_steps = every_steps
         self.max_new_tokens = max_new_tokens
         self.reward = build_spec(correctness)
-        self.tools = tools  # a tool-using policy is probed on its episodes (agents/text_tools.py)
+        self.tools = tools  # a tool-using policy is probed on its episodes (agents/episodes.py)
         self.keep_best = keep_best
         self.stop_at = stop_at  # end training `steps_after_bar` steps after the first probe at or above this accuracy
         self.steps_after_bar = steps_after_bar
