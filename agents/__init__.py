@@ -20,8 +20,11 @@ what the pipeline adds around it:
       python_tool.py    the `python` tool: the model's code in the code reward's sandbox
       registry.py       `grpo.tools` and `grpo.environment` resolved and checked; user tools wrapped in limits
       trainer_args.py   what a GRPO round hands TRL for tool use (GRPOConfig fields, GRPOTrainer arguments)
+      failure.py        a failed tool call (ToolFailure), counted as TRL counts it, in training and evaluation
+      episodes.py       the one episode loop (`run_episodes`) and what an episode is
       text_tools.py     tool calls written as plain text, for a model whose chat template cannot carry them
-      chat_tools.py     tool episodes through the chat template (evaluation, the probe, the difficulty filter)
+      chat_tools.py     tool calls through the chat template, as TRL's own loop makes them
+      loops.py          which of the two a model runs tools in (`eval_tool_loop`)
       demonstration.py  a tool episode whose first turn is a scripted call (`grpo-pipeline rehearse`)
 
 Threat model, in short: a tool's arguments are written by the policy, which is rewarded for whatever works, so they

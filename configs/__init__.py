@@ -9,6 +9,7 @@ configs/
   grpo.py         grpo:         the GRPO rounds, rewards, rollouts, checkpoints
   algorithm.py    grpo.algorithm: loss type, clipping, importance sampling, entropy controls
   eval.py         eval:         held-out accuracy, pass@k / maj@k, benchmark suites
+  metrics.py      the one grammar of eval metric names (gating, guards, the summary)
   registry.py     registry:     the MLflow experiment, registered model and champion gate
   monitors.py     monitors:     the GRPO rounds' training-health alarms
   distributed.py  distributed:  processes per stage, accelerate or Ray

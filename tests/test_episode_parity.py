@@ -23,7 +23,7 @@ from grpo_pipeline.agents.episodes import episode_stats
 from grpo_pipeline.agents.loops import eval_tool_loop
 from grpo_pipeline.agents.trainer_args import agent_args, trainer_agent_kwargs
 from grpo_pipeline.configs.grpo import GRPOStageConfig
-from grpo_pipeline.tasks.scoring.chat import encode_messages
+from grpo_pipeline.tasks.core.chat import encode_messages
 from grpo_pipeline.tasks.scoring.episodes import EpisodeGenerator
 from tests.agent_models import qwen_tool_model
 

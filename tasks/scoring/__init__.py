@@ -3,6 +3,7 @@
 scoring/
   evaluation.py  EvalResult and evaluate_model: generate, score every item, summarize
   generation.py  batched generation with the completions' token ids
+  episodes.py    tool episodes of the one episode loop, behind generation's contract
   items.py       each item judged by the correctness reward: pass@k, maj@k, rewards, unscored reasons
   metrics.py     pass@k, maj@k, bootstrap confidence intervals
   formats.py     benchmark formats: detection, correctness reward, loading

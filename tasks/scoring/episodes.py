@@ -10,7 +10,7 @@ from typing import Any
 
 from grpo_pipeline.agents.episodes import Episode, GenerateFn, episode_stats, hf_generate
 from grpo_pipeline.agents.loops import ToolLoop
-from grpo_pipeline.tasks.scoring.chat import as_prompt, require_chat_template
+from grpo_pipeline.tasks.core.chat import as_prompt, require_chat_template
 from grpo_pipeline.tasks.scoring.generation import generation_kwargs, require_temperature, stop_token_ids
 
 logger = logging.getLogger(__name__)
