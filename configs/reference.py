@@ -175,8 +175,13 @@ def _description(field: FieldInfo) -> str:
 
 
 def _one_line(text: str) -> str:
-    """Text that fits a table cell: one line, pipes escaped."""
-    return " ".join(text.split()).replace("|", "\\|")
+    """Help text as one line of Markdown that reads as written: pipes escaped (a cell ends at one), and outside code
+    spans the characters Markdown would take as emphasis, a link or an HTML tag (`learning_rate * decay**(r - 1)`,
+    `[calculator]`, `<suite>/<metric>`)."""
+    parts = " ".join(text.split()).split("`")
+    for i in range(0, len(parts), 2):  # the even parts are outside code spans
+        parts[i] = re.sub(r"([\\*_\[\]])", r"\\\1", parts[i]).replace("<", "&lt;")
+    return "`".join(parts).replace("|", "\\|")
 
 
 def main(argv: list[str] | None = None) -> int:
