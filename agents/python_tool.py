@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 RUNNER = """\
 def _grpo_tool_main(source):
     import sys
-    namespace = {"__name__": "__main__", "__builtins__": __builtins__, "exit": exit, "quit": quit}
+    namespace = {"__name__": "__main__", "__file__": __file__, "__builtins__": __builtins__, "exit": exit, "quit": quit}
     try:
         exec(compile(source, "<python>", "exec"), namespace)
     except SystemExit as e:

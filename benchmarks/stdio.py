@@ -19,6 +19,7 @@ current one (`--rounds`, median of each), so both see the same load; a line `bef
 precedes the last line. OLD is a harness package folder, joined as the sandbox joins rewards/harness/ (e.g.
 `mkdir /tmp/old && git archive <rev> rewards/harness | tar -x -C /tmp/old`, then `--before /tmp/old/rewards/harness`),
 or one source file: the harness before it was split into modules (`git show <rev>:rewards/_harness.py > /tmp/old.py`).
+A harness from before its config moved from argv to stdin gets a first line that reads it from stdin.
 """
 
 from __future__ import annotations
@@ -206,6 +207,19 @@ def harness_at(folder: Path) -> str:
     sys.exit(f"{folder}/__init__.py names no MODULES: not a harness package")
 
 
+def config_on_stdin(source: str) -> str:
+    """`source`, where it is a harness that read its config from `sys.argv[1]` (before the host wrote it on the
+    harness's stdin, rewards/harness/server.py), with a first line that puts it there from stdin."""
+    if "sys.argv[1]" not in source:
+        return source
+    shim = (
+        "import os as _os, sys as _sys\n_sys.argv[1:] = [b''.join(iter(lambda: _os.read(0, 1 << 16), b'')).decode()]\n"
+    )
+    future = "from __future__ import annotations\n"  # must stay the first statement
+    head, sep, rest = source.partition(future)
+    return head + sep + shim + rest if sep else shim + source
+
+
 def timed_rounds(jobs: list, timeout_s: float, before: str | None, rounds: int) -> tuple[dict, list, Sandbox]:
     """{"after": [(seconds, CPU seconds) per round], "before": [...]}, the current harness's results and its
     sandbox; with a `before` harness, `rounds` alternating rounds of each (both must give the same verdicts)."""
@@ -246,7 +260,7 @@ def main() -> None:
 
     before = None
     if args.before:
-        before = harness_at(args.before) if args.before.is_dir() else args.before.read_text()
+        before = config_on_stdin(harness_at(args.before) if args.before.is_dir() else args.before.read_text())
     times, results, sandbox = timed_rounds(jobs, args.timeout * args.cases, before, args.rounds)
     sandbox_s, sandbox_cpu = (statistics.median(t[i] for t in times["after"]) for i in (0, 1))
     ours = [r.score() == 1.0 for r in results]

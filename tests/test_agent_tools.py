@@ -86,6 +86,12 @@ def test_python_returns_stdout() -> None:
     assert run_python("if __name__ == '__main__':\n    print('main')", FAST) == "main\n"
 
 
+def test_python_sees_the_argv_and_file_of_python_prog_py() -> None:
+    """As under `python prog.py`: argv is the file's name alone (never the sandbox's config), `__file__` its path."""
+    code = "import os, sys\nprint(sys.argv == [os.path.basename(__file__)], os.path.isabs(__file__), sys.argv[1:])"
+    assert run_python(code, FAST) == "True True []\n"
+
+
 def test_python_wrong_twin_and_errors_reach_the_model() -> None:
     assert run_python("print(sum(range(11)))", FAST) == "55\n"
     out = run_python("def f(x):\n    return 1 / x\n\nprint(f(0))", FAST)

@@ -1,20 +1,24 @@
-"""stdin/stdout programs score as under `python prog.py`: the interpreter's shutdown runs before stdout is read.
+"""stdin/stdout programs score as under `python prog.py`: its argv and file, and the interpreter's shutdown runs
+before stdout is read.
 
 Python waits for a program's non-daemon threads, then runs its atexit handlers, then flushes stdout (Py_FinalizeEx).
 Competitive programs rely on it: `threading.stack_size(...); sys.setrecursionlimit(...); Thread(target=main).start()`
-is the usual way to recurse deeply, and some print their answer from an atexit handler. Each is checked with its
-honest program (1.0), its wrong twin (0.0) and attempts to cheat (0.0), and the threaded ones again while busy
-processes hold every core: the verdict must not depend on the machine's load.
+is the usual way to recurse deeply, and some print their answer from an atexit handler. Many also start with the
+judges' `if len(sys.argv) > 1: sys.stdin = open(sys.argv[1])`, which needs `python prog.py`'s argv. Each is checked
+with its honest program (1.0), its wrong twin (0.0) and attempts to cheat (0.0), and the threaded ones again while
+busy processes hold every core: the verdict must not depend on the machine's load.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -58,8 +62,24 @@ AT_EXIT_AFTER_SYS_EXIT = """
     atexit.register(lambda: print(a {op} b))
     sys.exit(0)
 """
+ARGV_FILE_IDIOM = """
+    import sys
+    if len(sys.argv) > 1:  # run by hand as `python prog.py input.txt`; a judge runs `python prog.py`
+        sys.stdin = open(sys.argv[1])
+    a, b = map(int, sys.stdin.readline().split())
+    print(a {op} b)
+"""
 SHAPES = {"threaded": THREADED, "deep recursion in a thread": DEEP_THREADED, "atexit": AT_EXIT,
-          "atexit after sys.exit": AT_EXIT_AFTER_SYS_EXIT}  # fmt: skip
+          "atexit after sys.exit": AT_EXIT_AFTER_SYS_EXIT, "input file from argv": ARGV_FILE_IDIOM}  # fmt: skip
+# What a program sees of how it was started, printed before its answer: the expected output is what the same
+# program prints when run for real as `python prog.py` (in another directory, so only relative facts are printed)
+SEES_ITS_START = """
+    import os, sys
+    print({argv}, sys.orig_argv[1:], __name__, os.path.basename(__file__), os.path.isabs(__file__))
+    print(os.path.dirname(__file__) == sys.path[0] == os.getcwd(), len(open(__file__).read()))
+    a, b = map(int, input().split())
+    print(a + b)
+"""
 
 CHEATS = {  # each would print nothing right, and tries to pass anyway
     "a daemon thread prints after exit": """
@@ -94,6 +114,19 @@ def test_honest_program_passes_and_its_wrong_twin_fails(code_tests: Any, shape: 
 @pytest.mark.parametrize("name", sorted(CHEATS))
 def test_cheats_score_zero(code_tests: Any, name: str) -> None:
     assert score(code_tests, [CHEATS[name]]) == [0.0]
+
+
+def test_a_program_sees_the_argv_and_file_python_prog_py_gives_it(code_tests: Any, tmp_path: Path) -> None:
+    """Scored against what the same program prints when run for real as `python prog.py`; its wrong twin prints
+    another argv."""
+    program, twin = (textwrap.dedent(SEES_ITS_START.format(argv=argv)) for argv in ("sys.argv", "sys.argv[:0]"))
+    (tmp_path / "prog.py").write_text(program)
+    inputs = json.loads(ADD["input_output"])["inputs"]
+    run = functools.partial(subprocess.run, [sys.executable, "prog.py"], capture_output=True, text=True, check=True)
+    outputs = [run(input=text, cwd=tmp_path).stdout for text in inputs]
+    assert outputs[0] == f"['prog.py'] ['prog.py'] __main__ prog.py True\nTrue {len(program)}\n3\n", outputs[0]
+    row = json.dumps({"inputs": inputs, "outputs": outputs})
+    assert code_tests(["Print them."] * 2, [program, twin], input_output=[row] * 2) == [1.0, 0.0]
 
 
 @pytest.fixture

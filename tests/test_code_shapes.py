@@ -8,7 +8,8 @@ and its wrong twin (0.0), through the `code_tests` reward and real sandboxes:
     back to the program's process; a handle equals only itself);
   - callables and builtin types passed by the tests reach the program;
   - `test_setup_code` builds the program's own objects (`root = Node(1)`);
-  - expression entry points (`Solution().twoSum`).
+  - expression entry points (`Solution().twoSum`);
+  - `python prog.py`'s `sys.argv` and `__file__` in every call-based runner (HumanEval, MBPP, LeetCode, APPS).
 """
 
 from __future__ import annotations
@@ -477,6 +478,44 @@ SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 def test_honest_program_passes_and_its_wrong_twin_fails(code_tests: Any, shape: str) -> None:
     honest, wrong = SHAPES[shape]
     assert score_all(code_tests, [honest, wrong]) == [1.0, 0.0]
+
+
+# ------------------------------------------------------------------ `python prog.py`'s argv and file
+# What `python prog.py` gives a program: argv is its file's name alone (the judges' `if len(sys.argv) > 1:
+# sys.stdin = open(sys.argv[1])` then leaves stdin alone), `__file__` is that file's absolute path and holds its
+# source; the call-based judges import it as a module (no `__main__`). The wrong twin expects `__main__`.
+WHERE = """
+    import os, sys
+    if len(sys.argv) > 1:  # the judges' idiom: a local run reads its input from the file it is given
+        sys.stdin = open(sys.argv[1])
+    {head}
+    {indent}with open(__file__) as f:
+    {indent}    own = "def where" in f.read()
+    {indent}return [sys.argv == [os.path.basename(__file__)], os.path.isabs(__file__), own, __name__ {cmp} "__main__"]
+"""
+WHERE_CHECK = "def check(candidate):\n    assert candidate() == [True, True, True, True]\n"
+
+
+def where(cmp: str, method: bool = False) -> str:
+    head = "class Solution:\n        def where(self):" if method else "def where():"
+    return textwrap.dedent(WHERE.format(head=head, indent="    " * (1 + method), cmp=cmp))
+
+
+ARGV_RUNNERS: dict[str, Any] = {
+    "HumanEval check(candidate)": lambda cmp: humaneval(where(cmp), WHERE_CHECK, "where"),
+    "MBPP test_list": lambda cmp: mbpp(where(cmp), ["assert where() == [True, True, True, True]"]),
+    "LeetCode Solution().where": lambda cmp: humaneval(where(cmp, method=True), WHERE_CHECK, "Solution().where"),
+    "APPS fn_name": lambda cmp: {
+        "completion": where(cmp),
+        "input_output": json.dumps({"fn_name": "where", "inputs": [[]], "outputs": [[[True, True, True, True]]]}),
+    },
+}
+
+
+@pytest.mark.parametrize("runner", sorted(ARGV_RUNNERS))
+def test_every_call_runner_gives_python_prog_py_argv_and_file(code_tests: Any, runner: str) -> None:
+    row = ARGV_RUNNERS[runner]
+    assert score_all(code_tests, [row("!="), row("==")]) == [1.0, 0.0]
 
 
 def test_a_callback_that_calls_the_program_back(code_tests: Any) -> None:

@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from grpo_pipeline.rewards.code import humaneval_job
+from grpo_pipeline.rewards.code import IoLimits, humaneval_job, stdio_job
+from grpo_pipeline.rewards.code_formats import StdioCase
 from grpo_pipeline.rewards.harness.wire import Opaque, decode, encode
 from grpo_pipeline.rewards.sandbox import (
     BASE_UID,
@@ -286,6 +287,49 @@ def test_environment_secret_is_not_visible(sandbox: Sandbox, monkeypatch: pytest
     result = run_program(sandbox, program, test)
     assert result.score() == 0.0, result
     assert SECRET not in result.output
+
+
+# Reads how it was started, its environment, its own and its parents' fds (the tests' process, the server); on
+# stderr: how many sources it could read and which held the harness's config or the expected output.
+SNOOP = """
+    import glob, os, sys
+    seen = {{"argv": repr(sys.argv), "orig_argv": repr(sys.orig_argv), "environ": repr(dict(os.environ))}}
+    for pid in ("self", str(os.getppid()), "1"):
+        for path in [f"/proc/{{pid}}/cmdline", f"/proc/{{pid}}/environ", *glob.glob(f"/proc/{{pid}}/fd/*")]:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+                try:
+                    seen[path] = os.read(fd, 1 << 20).decode(errors="replace")
+                finally:
+                    os.close(fd)
+            except OSError:
+                pass
+    leaks = sorted(k for k, text in seen.items() if {config!r} in text or {expected!r} in text)
+    print("read", len(seen), "leaks", leaks, sorted(seen), file=sys.stderr)
+    print("\\n".join(text[:200] for text in seen.values()))  # its best guess at the answer
+    def f(x):
+        return "\\n".join(seen.values())
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("style", ["stdio", "humaneval"])
+def test_the_harness_config_and_expected_output_are_not_in_argv_cmdline_environ_or_fds(
+    sandbox: Sandbox, style: str
+) -> None:
+    config = f"i{sandbox.config.memory_mb << 20};"  # RLIMIT_AS as the harness's config encodes it, and only there
+    program = textwrap.dedent(SNOOP.format(config=config, expected=SECRET))
+    if style == "stdio":
+        job = stdio_job(program, [StdioCase("1\n", f"{SECRET}\n")], IoLimits())
+    else:
+        job = CodeJob(
+            program,
+            humaneval_job(PROMPT, "", f"def check(candidate):\n    assert candidate(1) == {SECRET!r}\n", "f").spec,
+        )
+    result = sandbox.run([job])[0]
+    assert result.score() == 0.0, result
+    read = result.output.split("read ")[1]
+    assert int(read.split()[0]) >= 5 and read.split(" leaks ")[1].startswith("[]"), result.output
 
 
 @pytest.mark.integration
@@ -554,7 +598,8 @@ CLEAN_SLATE = """
     time.sleep(0.5)  # a daemon of the previous program would have struck by now
     def f(x):
         others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())]
-        return 2 * x if not os.listdir("/tmp") and not os.listdir(".") and not others else -1
+        mine = [os.path.basename(__file__)]  # only this program's own file, as under `python prog.py`
+        return 2 * x if not os.listdir("/tmp") and os.listdir(".") == mine and not others else -1
     """
 
 

@@ -1,7 +1,8 @@
 """The sandbox harness: the first (and only trusted) code that runs inside a sandbox. Standard library only.
 
-Threat model. The host starts `python -I -S -c <the harness> <config>` once per worker; it runs a fork server that
-gets, for each program, three fds over its control socket (SCM_RIGHTS):
+Threat model. The host starts `python -I -S -c <the harness>` once per worker, its config on stdin (never in argv,
+which every process can read); it runs a fork server that gets, for each program, three fds over its control
+socket (SCM_RIGHTS):
   - spec fd (read): message 1 is the program, message 2 the tests and a nonce;
   - verdict fd (write): a "started" marker, then the result and its MAC (blake2b keyed with the nonce);
   - output fd: the program's stdout and stderr.
@@ -15,6 +16,8 @@ stdout; it holds the inputs only. So the program never holds the tests, the expe
 verdict fd, and nothing it does to its own process (sys.exit, atexit, SkipTest, an `__eq__` that is always True, a
 redefined `check` or `set`, a tampered frame, a replaced `encode`) can change the count of passed tests, which only
 the child keeps. What crosses is parsed by hand from a tagged text (no `eval`, no pickle), into fresh objects.
+The program runs as `python prog.py` would run it, whatever the tests' style: its file `prog.py` in the working
+directory, `__file__`, `sys.argv == ["prog.py"]` (stdio.py).
 
 The modules, in the order the harness joins them (each says at its top what it does and what it trusts):
   values.py   standard-library values on the wire: carried as data, rebuilt as the library's own types

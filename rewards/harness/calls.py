@@ -27,7 +27,7 @@ import builtins
 import os
 import sys
 
-from .stdio import serve_stdio, site_names
+from .stdio import as_script, program_namespace, serve_stdio
 from .wire import DecodeError, encode, receive, references, send, to_bytes, use_references, write_message
 
 # The harness runs as `python -I -S -c`, where importing `typing` would cost ~13 ms per sandbox start: the names
@@ -147,11 +147,13 @@ class ProgramSide:
                 return to_bytes(encode(("e", "Exception", "unprintable")))
 
 
-def serve_program(mode: str, program: str, req_fd: int, resp_fd: int, out_fd: int) -> None:
-    """The program's process, in the mode the host sent with the program (at once, while the tests are read).
-    Never returns.
+def serve_program(mode: str, program: str, path: str, req_fd: int, resp_fd: int, out_fd: int) -> None:
+    """The program's process, in the mode the host sent with the program (at once, while the tests are read);
+    `path` is the program's file. Never returns.
 
-    "load": run the program once, send the names it defines, then answer requests until the pipe closes.
+    "load": run the program once, as module "solution" (as the datasets' judges import it: its `if __name__ ==
+    "__main__":` block does not run) with `python prog.py`'s `sys.argv`, send the names it defines, then answer
+    requests until the pipe closes.
     "stdio": run a fresh copy of the program for every input the tests send (`serve_stdio`).
     """
     import signal
@@ -160,18 +162,19 @@ def serve_program(mode: str, program: str, req_fd: int, resp_fd: int, out_fd: in
     # (a "broken test", scored None) in the process that runs the tests
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if mode == "stdio":
-        serve_stdio(program, req_fd, resp_fd, out_fd)
+        serve_stdio(program, path, req_fd, resp_fd, out_fd)
         os._exit(0)
-    namespace: dict[str, Any] = {"__name__": "solution", "__builtins__": builtins, **site_names()}
+    namespace = program_namespace("solution", path)
     side = ProgramSide(namespace, req_fd, resp_fd)
     use_references(side)
+    as_script(path)
     try:
-        exec(compile(program, "<solution>", "exec"), namespace)
+        exec(compile(program, path, "exec"), namespace)
         names = [
             k for k, v in list(namespace.items()) if type(k) is str and not k.startswith("__") and v is not sys.exit
         ]
         # functions and classes the tests may bind by name at once; other values need a request ("value")
-        code_types = (type(site_names), type)
+        code_types = (type(as_script), type)
         send(resp_fd, ("ready", names, [k for k in names if type(namespace[k]) in code_types]))
     except BaseException as e:  # SystemExit, SkipTest, ... at import time: the program did not load
         send(resp_fd, ("load_error", type(e).__name__, str(e)[:500]))

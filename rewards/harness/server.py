@@ -1,7 +1,7 @@
 """The fork server, one program's run in a child of it, and the clean-up between programs.
 
-The host starts `python -I -S -c <the harness> <config>` once per worker (once per program without bubblewrap); it
-runs `serve`, a fork server that gets, for each program, three fds over its control socket (SCM_RIGHTS):
+The host starts `python -I -S -c <the harness>` once per worker (once per program without bubblewrap), its config
+on stdin; it runs `serve`, a fork server that gets, for each program, three fds over its control socket (SCM_RIGHTS):
   - spec fd (read): message 1 is the program, message 2 the tests and a nonce;
   - verdict fd (write): a "started" marker, then the result and its MAC (blake2b keyed with the nonce);
   - output fd: the program's stdout and stderr.
@@ -12,9 +12,14 @@ tests and the nonce, runs them (checks.py) and writes the verdict. Between progr
 is killed and must have exited, and /work and /tmp are wiped (`_clean`); without a pid namespace the server, a
 child subreaper, kills its descendants by pid instead (`_kill_descendants`).
 
-Trusts: the host's config (its argv) and the host's messages on the control socket. The server itself never reads
-a program, a test or a nonce. Imports: wire.py, process.py, calls.py, channel.py, checks.py; it comes last in the
-harness, whose last lines start the server.
+The config arrives on the server's stdin (`read_config`), which the host writes and closes at start, never in its
+argv: a program's process is a fork of the server, and its `sys.argv`, `sys.orig_argv` and /proc/<pid>/cmdline
+(any process's, which every process may read) hold only `-c` and the harness's public source; the program then
+gets `python prog.py`'s argv (stdio.py, `as_script`).
+
+Trusts: the host's config (its stdin at start) and the host's messages on the control socket. The server itself
+never reads a program, a test or a nonce. Imports: wire.py, process.py, stdio.py, calls.py, channel.py, checks.py;
+it comes last in the harness, whose last lines start the server.
 """
 
 # ruff: noqa: SIM105  (try/except/pass, not contextlib.suppress: importing contextlib costs ~1 ms per sandbox start)
@@ -28,6 +33,7 @@ from .calls import serve_program
 from .channel import Channel
 from .checks import describe, run_tests
 from .process import close_fds_except, now, wait_child
+from .stdio import write_program
 from .wire import decode, encode, from_bytes, mac, read_message, receive, to_bytes, write_message
 
 # The harness runs as `python -I -S -c`, where importing `typing` would cost ~13 ms per sandbox start: the names
@@ -124,9 +130,10 @@ def run_program(config: dict[str, Any], spec_fd: int, verdict_fd: int, out_fd: i
     for name, value in config["rlimits"].items():
         resource.setrlimit(getattr(resource, name), (value, value))
     _become_sandbox_user(config)
-    write_message(verdict_fd, b"started")
     message = from_bytes(read_message(spec_fd))  # the mode ("stdio" or "load"), a newline, the program
     mode, _, program = message.partition("\n")
+    path = write_program(program)  # as the slot's uid, into the working directory (wiped between programs)
+    write_message(verdict_fd, b"started")  # from here on, a run that writes no verdict is the program's doing
     req_r, req_w = os.pipe()
     resp_r, resp_w = os.pipe()
     pid = os.fork()
@@ -136,7 +143,7 @@ def run_program(config: dict[str, Any], spec_fd: int, verdict_fd: int, out_fd: i
                 os.close(fd)
             sys.path.extend(config.get("import_paths", ()))  # extra_ro_paths: the program's imports, not the tests'
             gc.enable()  # the program's process collects garbage as Python does
-            serve_program(mode, program, req_r, resp_w, 2)
+            serve_program(mode, program, path, req_r, resp_w, 2)
         finally:
             os._exit(0)
     os.close(req_r)
@@ -344,8 +351,19 @@ def _clean(config: dict[str, Any], runner: int | None) -> bool:
     return killed and _reap_all(deadline) and _in_child_as_sandbox_user(config, _wipe_all) and _reap_all(deadline)
 
 
+def read_config() -> dict[str, Any]:
+    """The host's config, read from stdin to its end; stdin is then /dev/null (see the module docstring)."""
+    chunks = []
+    while chunk := os.read(0, 1 << 16):
+        chunks.append(chunk)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    return decode(from_bytes(b"".join(chunks)))
+
+
 def main() -> None:
-    serve(decode(sys.argv[1]))
+    serve(read_config())
 
 
 if __name__ == "__main__":

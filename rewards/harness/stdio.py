@@ -10,6 +10,11 @@ threads, atexit handlers, flushing stdout), so an answer printed by a thread or 
 Trusts: nothing of the program, which runs here. This process holds the inputs only, never the expected outputs,
 the nonce or the verdict fd; the copies hold neither this process's pipes nor anything of the tests, and each has a
 CPU rlimit of its case's seconds. Imports: wire.py (messages), process.py (clock, children, fds).
+
+Every runner gives the program what `python prog.py` would (here, for calls.py too): the program is written to
+`prog.py` in its working directory (`write_program`), compiled under that path (tracebacks show its lines), with
+`__file__` naming it (`program_namespace`), and its process's `sys.argv` is `["prog.py"]` (`as_script`), so the
+judges' `if len(sys.argv) > 1: sys.stdin = open(sys.argv[1])` reads the test's stdin, as it does there.
 """
 
 from __future__ import annotations
@@ -29,7 +34,39 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-def serve_stdio(program: str, req_fd: int, resp_fd: int, out_fd: int) -> None:
+PROGRAM_FILE = "prog.py"  # the program's file, in its working directory (/work inside bubblewrap)
+
+
+def write_program(program: str) -> str:
+    """Write `program` to PROGRAM_FILE in the working directory; its absolute path (`__file__` under `python
+    prog.py` since Python 3.9)."""
+    path = os.path.join(os.getcwd(), PROGRAM_FILE)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        data = to_bytes(program)
+        while data:
+            data = data[os.write(fd, data) :]
+    finally:
+        os.close(fd)
+    return path
+
+
+def as_script(path: str) -> None:
+    """Make this process's `sys` what `python prog.py` gives the program (in the directory of `path`, the program's
+    file): its argv, its original argv, and its directory first on `sys.path`. The harness's own argv (`-c` and its
+    source) is no business of the program's."""
+    sys.argv = [os.path.basename(path)]
+    sys.orig_argv = [sys.executable, *sys.argv]
+    sys.path.insert(0, os.path.dirname(path))
+
+
+def program_namespace(name: str, path: str) -> dict[str, Any]:
+    """The globals a program runs in: module `name` from the file at `path`, with `exit` and `quit`, which `site`
+    would define (programs call them; the harness runs with -S)."""
+    return {"__name__": name, "__file__": path, "__builtins__": builtins, "exit": sys.exit, "quit": sys.exit}
+
+
+def serve_stdio(program: str, path: str, req_fd: int, resp_fd: int, out_fd: int) -> None:
     """For ("cases", inputs, seconds, max bytes): for each input, run a fresh copy of the program (a child of this
     process) with that input on stdin, and answer ("out", stdout, how it ended) as each ends (one message for all
     the inputs: a request per case would cost a wake-up of each side per case). This process holds the inputs
@@ -37,7 +74,7 @@ def serve_stdio(program: str, req_fd: int, resp_fd: int, out_fd: int) -> None:
     import resource
 
     try:
-        code = compile(program, "<solution>", "exec")
+        code = compile(program, path, "exec")
         broken = ""
     except BaseException as e:  # every case fails with the reason
         code, broken = None, f"load error: {type(e).__name__}: {str(e)[:300]}"
@@ -67,7 +104,7 @@ def serve_stdio(program: str, req_fd: int, resp_fd: int, out_fd: int) -> None:
                 cpu = resource.getrlimit(resource.RLIMIT_CPU)[1]
                 limit = int(seconds) + 1 if cpu < 0 else min(cpu, int(seconds) + 1)
                 resource.setrlimit(resource.RLIMIT_CPU, (limit, limit))
-                status = _run_main(code)
+                status = _run_main(code, path)
             finally:
                 os._exit(status)
         os.close(out_w)
@@ -76,13 +113,9 @@ def serve_stdio(program: str, req_fd: int, resp_fd: int, out_fd: int) -> None:
         os.close(out_r)
 
 
-def site_names() -> dict[str, Any]:
-    """`exit` and `quit`, which `site` would define (programs call them; the harness runs with -S)."""
-    return {"exit": sys.exit, "quit": sys.exit}
-
-
-def _run_main(code: Any) -> int:
-    """Run a program as `python program.py` would, with this process's stdin and stdout; its exit status.
+def _run_main(code: Any, path: str) -> int:
+    """Run a program (compiled from its file at `path`) as `python prog.py` would, with this process's stdin and
+    stdout; its exit status.
 
     After the main module ends (or raises, or calls sys.exit) comes the interpreter's own shutdown, in
     Py_FinalizeEx's order: wait for the program's non-daemon threads, run its atexit handlers, flush stdout. So an
@@ -90,9 +123,10 @@ def _run_main(code: Any) -> int:
     import atexit  # a builtin module: no import cost
 
     atexit._clear()  # handlers of this launcher's process are not the program's
+    as_script(path)  # here, not in the launcher, whose imports must not find what a case wrote to its directory
     sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
     out = sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
-    status = _run_module(lambda: exec(code, {"__name__": "__main__", "__builtins__": builtins, **site_names()}))
+    status = _run_module(lambda: exec(code, program_namespace("__main__", path)))
     threading = sys.modules.get("threading")
     if threading is not None:  # only `threading` starts threads the interpreter waits for
         _run_module(threading._shutdown)

@@ -25,11 +25,12 @@ def limits(c: SandboxConfig) -> dict[str, int]:
     }
 
 
-def command_line(c: SandboxConfig, mode: Mode, python: str, prefix: str, config_text: str) -> list[str]:
-    """How a worker's sandbox starts: the harness (`python`, from the installation at `prefix`, configured by
-    `config_text`), inside bubblewrap where `mode` is isolated."""
+def command_line(c: SandboxConfig, mode: Mode, python: str, prefix: str) -> list[str]:
+    """How a worker's sandbox starts: the harness (`python`, from the installation at `prefix`), inside bubblewrap
+    where `mode` is isolated. Its config goes on its stdin, never here: every process in the sandbox, the
+    program's included, can read the command line (rewards/harness/server.py)."""
     source = config_module.HARNESS_SOURCE or harness.source()
-    program = [python, "-I", "-S", "-c", source, config_text]
+    program = [python, "-I", "-S", "-c", source]
     if not mode.isolated:
         return program
     # --as-pid-1: the harness's server is the namespace's init, which no process inside can SIGKILL or SIGSTOP,

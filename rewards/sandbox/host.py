@@ -40,9 +40,8 @@ def bwrap_status(python: str | None = None) -> tuple[bool, str]:
         return False, "bwrap is not installed"
     mode = Mode.BWRAP_DROP_UID if os.geteuid() == 0 else Mode.BWRAP
     interpreter, prefix = (python, python_prefix(python)) if python else base_python()
-    argv = command_line(SandboxConfig(python=python), mode, interpreter, prefix, config_text="N")
+    argv = command_line(SandboxConfig(python=python), mode, interpreter, prefix)
     argv[argv.index("-c") + 1] = "pass"
-    argv = argv[: argv.index("-c") + 2]
     try:
         r = subprocess.run(argv, capture_output=True, timeout=20, env={})
     except (OSError, subprocess.TimeoutExpired) as e:

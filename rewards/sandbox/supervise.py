@@ -83,10 +83,11 @@ def start_worker(c: SandboxConfig, mode: Mode, python: str, prefix: str, slot: i
         if mode.drop_uid:
             os.chown(workdir, uid, uid)
     log = tempfile.TemporaryFile(prefix="grpo-sandbox-log-")  # noqa: SIM115 (the worker keeps it; stop closes it)
+    config_r, config_w = os.pipe()
     try:
         proc = subprocess.Popen(
-            command_line(c, mode, python, prefix, wire.encode(config)),
-            stdin=subprocess.DEVNULL,
+            command_line(c, mode, python, prefix),
+            stdin=config_r,
             stdout=log,
             stderr=log,
             pass_fds=(server_end.fileno(),),
@@ -97,17 +98,33 @@ def start_worker(c: SandboxConfig, mode: Mode, python: str, prefix: str, slot: i
     except BaseException:
         host_end.close()
         log.close()
+        os.close(config_w)
         if workdir:
             shutil.rmtree(workdir, ignore_errors=True)
         raise
     finally:
         server_end.close()
+        os.close(config_r)
     worker = Worker(proc, host_end, log, workdir)
+    send_config(config_w, config)
     ready, _, _ = select.select([host_end], [], [], START_TIMEOUT_S)
     if not ready or host_end.recv(16) != b"U":
         stop(worker)
         raise StartError(worker.log_tail())
     return worker
+
+
+def send_config(fd: int, config: dict[str, Any]) -> None:
+    """Write the harness's config to `fd`, its stdin's other end, and close it (rewards/harness/server.py reads to
+    the end): never on its command line, which every program in the sandbox could read."""
+    data = wire.to_bytes(wire.encode(config))
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
+    except BrokenPipeError:  # a harness that died at start: start_worker's wait for it reports that
+        pass
+    finally:
+        os.close(fd)
 
 
 @dataclass
