@@ -1,4 +1,5 @@
 # Two commands do all the set-up: `make run` (the pipeline on the embedded default) and `make test`.
+# `make docs` builds the documentation site (docs/, mkdocs.yml) into site/.
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -9,7 +10,7 @@ PYTEST_ARGS ?=
 # fixtures are built once), the slowest files first (tests/conftest.py). PYTEST_WORKERS=1 runs them in one process.
 PYTEST_WORKERS ?= auto
 
-.PHONY: run test test-slow test-fast test-postgres test-vllm test-ray test-benchmarks gpu-check lint install serve stop status clean
+.PHONY: run test test-slow test-fast test-postgres test-vllm test-ray test-benchmarks gpu-check lint docs docs-serve install serve stop status clean
 
 # bubblewrap isolates model-written programs in the code reward's sandbox (docs/rewards.md); without it, as root,
 # the sandbox refuses to run them. Installed where we can (root on Debian/Ubuntu); never fails the install.
@@ -30,7 +31,7 @@ $(VENV)/.installed: pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==$(TORCH_VERSION)
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -e ".[test,docs]"
 	touch $@
 
 run: install
@@ -109,9 +110,11 @@ test-ray: $(VENV)/.ray-installed
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not integration and not benchmarks" $(PYTEST_ARGS)
 
-# lint-imports checks the layering contracts in pyproject.toml ([tool.importlinter]). It finds a package's modules by
-# walking the package's one folder, while `grpo_pipeline` spans the folders pyproject's package-dir maps into it; so
-# it reads them through a tree of links in the installed shape (build/import-tree), from inside that tree.
+# Lint: ruff, the layering contracts and the docs site. lint-imports checks the contracts in pyproject.toml
+# ([tool.importlinter]). It finds a package's modules by walking the package's one folder, while `grpo_pipeline`
+# spans the folders pyproject's package-dir maps into it; so it reads them through a tree of links in the installed
+# shape (build/import-tree), from inside that tree. mkdocs --strict fails on a broken link or anchor and on a page
+# missing from the nav (not --quiet: it silences the warnings that --strict counts, and the build then passes).
 IMPORT_TREE := build/import-tree
 lint: install
 	$(BIN)/ruff check .
@@ -121,6 +124,14 @@ lint: install
 	$(BIN)/python -c 'import tomllib; [print(k.split(".", 1)[1], v) for k, v in tomllib.load(open("pyproject.toml", "rb"))["tool"]["setuptools"]["package-dir"].items()]' \
 	  | while read name folder; do ln -s $(CURDIR)/$$folder $(IMPORT_TREE)/grpo_pipeline/$$name; done
 	cd $(IMPORT_TREE) && $(abspath $(BIN))/lint-imports --config $(CURDIR)/pyproject.toml --no-cache --no-logo
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# The documentation site into site/ (docs/configuration-reference.md is generated: configs/reference.py says how).
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict
 
 clean:
-	rm -rf runs .prefect .grpo-stack
+	rm -rf runs .prefect .grpo-stack site

@@ -14,6 +14,7 @@ configs/
   monitors.py     monitors:     the GRPO rounds' training-health alarms
   distributed.py  distributed:  processes per stage, accelerate or Ray
   rehearsal.py    rehearsal:    set by `grpo-pipeline rehearse`, never by hand
+  reference.py    the configuration reference page (docs/configuration-reference.md), generated from the schema
 """
 
 from grpo_pipeline.configs.schema import ConfigError, PipelineConfig, load_config

@@ -15,6 +15,7 @@ from rich.markdown import Markdown
 from rich.markup import escape
 
 from grpo_pipeline import stack
+from grpo_pipeline.configs import reference as config_reference
 from grpo_pipeline.configs.schema import ConfigError, PipelineConfig, load_config
 from grpo_pipeline.eval_cli import eval_command
 from grpo_pipeline.rewards_cli import rewards_app
@@ -257,10 +258,16 @@ def show_config(
     config: ConfigOpt = None,
     overrides: OverridesArg = None,
     schema: Annotated[bool, typer.Option("--schema", help="Print the JSON schema with every field's help.")] = False,
+    reference: Annotated[
+        bool, typer.Option("--reference", help="Print the configuration reference (Markdown, docs/).")
+    ] = False,
 ) -> None:
-    """Print the fully resolved config (YAML), or the schema of every field."""
+    """Print the fully resolved config (YAML), or the schema of every field, or the reference page made from it."""
     if schema:
         console.print_json(json.dumps(PipelineConfig.model_json_schema()))
+        return
+    if reference:
+        typer.echo(config_reference.render(), nl=False)
         return
     console.print(_load(config, overrides).to_yaml(), highlight=False, markup=False)
 

@@ -182,7 +182,7 @@ def _wait_healthy(server: subprocess.Popen, url: str, timeout: float) -> None:
 def test_grpo_with_a_vllm_server_on_another_gpu(tiny_qwen2, tmp_path):
     port = _free_port()
     log = (tmp_path / "vllm-serve.log").open("w")
-    # The command of the README, on the second GPU; the training process uses the first.
+    # The command of docs/gpu.md ("vLLM rollouts"), on the second GPU; the training process uses the first.
     command = [sys.executable, "-m", "trl.cli.main", "vllm-serve", "--model", str(tiny_qwen2)]
     command += ["--host", "127.0.0.1", "--port", str(port), "--gpu_memory_utilization", "0.3", "--max_model_len", "256"]
     server = subprocess.Popen(

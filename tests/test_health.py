@@ -264,7 +264,8 @@ def test_stagnation_window_must_exceed_the_start_window():
 
 
 def test_monitor_settings_key_the_round_and_allow_unhealthy_keys_registration():
-    """A round's alarms are part of its result, so its thresholds are part of its key (README's rerun table)."""
+    """A round's alarms are part of its result, so its thresholds are part of its key (docs/pipeline.md's rerun
+    table)."""
     from grpo_pipeline.tasks.grpo import GRPORound, grpo_train
     from grpo_pipeline.tasks.register import register_policy
 
