@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from grpo_pipeline.configs.metrics import Metric
 from grpo_pipeline.configs.schema import ConfigError, EvalConfig, load_config
 from grpo_pipeline.tasks.core.runtime import setup
 
@@ -106,13 +107,14 @@ def items_dir(run_dir: Path, model_path: str, held_out: Ref, cfg: EvalConfig, se
 
 def compare(ours: EvalResult, theirs: EvalResult, seed: int) -> dict[str, dict[str, float]]:
     """For each metric with per-item scores: both means and the paired bootstrap CI of (ours - theirs) over the items
-    both models have a score for (`n`; an item unscored for either is left out)."""
+    both models have a score for (`n`; an item unscored for either is left out). Tool-use statistics (`tools/*`) have
+    no per-item scores and are left out."""
     from grpo_pipeline.tasks.release.gate import item_metric
     from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci
 
     a, b = ours.items(), theirs.items()
     out: dict[str, dict[str, float]] = {}
-    for metric in ours.metrics():
+    for metric in filter(None, map(Metric.read, ours.metrics())):
         mine = item_metric(a, metric)
         other = item_metric(b, metric).reindex(mine.index)
         both = mine.notna() & other.notna()
@@ -120,7 +122,7 @@ def compare(ours: EvalResult, theirs: EvalResult, seed: int) -> dict[str, dict[s
             continue
         mine, other = mine[both], other[both]
         delta, low, high = paired_bootstrap_ci(other.tolist(), mine.tolist(), seed=seed)
-        out[metric] = {
+        out[metric.name] = {
             "model": mine.mean(), "other": other.mean(), "delta": delta, "ci_low": low, "ci_high": high,
             "n": int(both.sum()),
         }  # fmt: skip

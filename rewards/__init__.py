@@ -22,6 +22,7 @@ from grpo_pipeline.rewards import format as _format  # noqa: F401
 from grpo_pipeline.rewards import judge as _judge  # noqa: F401
 from grpo_pipeline.rewards import length as _length  # noqa: F401
 from grpo_pipeline.rewards import math as _math  # noqa: F401
-from grpo_pipeline.rewards.registry import REGISTRY, build_reward, build_rewards, build_spec, completion_text, register
+from grpo_pipeline.rewards.registry import REGISTRY, build_reward, build_rewards, build_spec, register
+from grpo_pipeline.tasks.core.chat import completion_text
 
 __all__ = ["REGISTRY", "build_reward", "build_rewards", "build_spec", "completion_text", "register"]

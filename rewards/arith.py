@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 
-from grpo_pipeline.rewards.registry import RewardFn, completion_text, register
+from grpo_pipeline.rewards.registry import RewardFn, register
+from grpo_pipeline.tasks.core.chat import completion_text
 
 _INTEGER = re.compile(r"-?\d+")
 

@@ -36,7 +36,7 @@ from grpo_pipeline.rewards.code_formats import (
     parse_tests,
 )
 from grpo_pipeline.rewards.harness import wire
-from grpo_pipeline.rewards.registry import RewardError, RewardFn, completion_text, register
+from grpo_pipeline.rewards.registry import RewardError, RewardFn, register
 from grpo_pipeline.rewards.sandbox import (
     CodeJob,
     Isolation,
@@ -46,6 +46,7 @@ from grpo_pipeline.rewards.sandbox import (
     default_sandbox,
 )
 from grpo_pipeline.tasks.core import python_ast
+from grpo_pipeline.tasks.core.chat import completion_text
 from grpo_pipeline.tasks.core.values import is_blank
 
 logger = logging.getLogger(__name__)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import re
 
-from grpo_pipeline.rewards.registry import RewardFn, completion_text, register
+from grpo_pipeline.rewards.registry import RewardFn, register
+from grpo_pipeline.tasks.core.chat import completion_text
 
 XML_PATTERN = r"^\s*<reasoning>.*?</reasoning>\s*<answer>.*?</answer>\s*$"
 

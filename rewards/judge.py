@@ -19,7 +19,8 @@ from typing import Any
 import httpx
 
 from grpo_pipeline.rewards.code import prompt_text
-from grpo_pipeline.rewards.registry import RewardFn, call_deadline, completion_text, register
+from grpo_pipeline.rewards.registry import RewardFn, call_deadline, register
+from grpo_pipeline.tasks.core.chat import completion_text
 
 logger = logging.getLogger(__name__)
 

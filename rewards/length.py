@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from grpo_pipeline.rewards.math import math_scores
-from grpo_pipeline.rewards.registry import RewardFn, completion_text, register
+from grpo_pipeline.rewards.registry import RewardFn, register
+from grpo_pipeline.tasks.core.chat import completion_text
 
 Unit = Literal["auto", "tokens", "chars", "words"]
 

@@ -32,7 +32,8 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from fractions import Fraction
 
-from grpo_pipeline.rewards.registry import RewardFn, call_deadline, completion_text, register
+from grpo_pipeline.rewards.registry import RewardFn, call_deadline, register
+from grpo_pipeline.tasks.core.chat import completion_text
 
 logger = logging.getLogger(__name__)
 

@@ -78,17 +78,6 @@ def register(name: str) -> Callable[[Callable[..., RewardFn]], Callable[..., Rew
     return deco
 
 
-def completion_text(completion: Any) -> str:
-    """The text of a completion: a plain string, or the last message's content in chat format."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, Sequence) and completion and isinstance(completion[-1], dict):
-        return str(completion[-1].get("content", ""))
-    if isinstance(completion, dict):
-        return str(completion.get("content", ""))
-    raise TypeError(f"completion of type {type(completion).__name__} is neither a string nor chat messages")
-
-
 def _import_dotted(path: str) -> Any:
     module_name, _, attr = path.partition(":")
     if not attr:

@@ -68,6 +68,25 @@ def test_compare_a_model_with_itself_gives_a_zero_difference(tmp_path, model_dir
     assert {"accuracy", "pass_at_1", "pass_at_2"} <= set(compared) and "paired bootstrap" in out
 
 
+def test_compare_leaves_out_tool_statistics_which_have_no_per_item_scores(tmp_path, model_dir, gsm8k_file):
+    """A tool-using policy's results carry `tools/*` statistics (EvalResult.tools): compare skips them instead of
+    raising on a name outside the metric grammar, and still compares every per-item metric."""
+    from grpo_pipeline.eval_cli import compare
+    from grpo_pipeline.tasks.scoring.evaluation import EvalResult
+
+    report = tmp_path / "report.json"
+    result, out = invoke(
+        "--model", str(model_dir), "--data", str(gsm8k_file), "--n", "2", "--max-new-tokens", "2",
+        "--output", str(report), "--run-dir", str(tmp_path / "runs"),
+    )  # fmt: skip
+    assert result.exit_code == 0, out
+    scored = EvalResult.model_validate_json(report.read_text())
+    with_tools = scored.model_copy(update={"tools": {"tools/greedy_call_frequency": 0.5}})
+    assert "tools/greedy_call_frequency" in with_tools.metrics()
+    compared = compare(with_tools, scored, seed=0)
+    assert set(compared) == set(scored.metrics()) and {"accuracy", "pass_at_1", "maj_at_2"} <= set(compared)
+
+
 def test_eval_a_registered_version_on_a_recipe(tmp_path, model_dir, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)

@@ -8,7 +8,7 @@ keeps working on plain strings. Each consumer turns it back into messages:
   (`conversational_dataset`); SFTTrainer applies the chat template to both.
 - GRPO: the conversational prompt; GRPOTrainer applies the template itself, and hands rewards each completion as
   `[{"role": "assistant", "content": ...}]` (trl/trainer/grpo_trainer.py, `_generate_and_score_completions`), which
-  `rewards.registry.completion_text` reads.
+  `completion_text` reads.
 - Evaluation, the held-out probe and the difficulty filter: `render_prompt` applies the same template
   (`add_generation_prompt=True`) before their own batched `generate`, and rewards get the messages, as under TRL.
 
@@ -91,6 +91,17 @@ def decode_messages(value: Any) -> list[Message] | None:
             return None
     value = plain(value)
     return value if message_problem(value) is None else None
+
+
+def completion_text(completion: Any) -> str:
+    """The text of a completion: a plain string, or the last message's content in chat format."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Sequence) and completion and isinstance(completion[-1], dict):
+        return str(completion[-1].get("content", ""))
+    if isinstance(completion, dict):
+        return str(completion.get("content", ""))
+    raise TypeError(f"completion of type {type(completion).__name__} is neither a string nor chat messages")
 
 
 def as_prompt(value: Any) -> str | list[Message]:

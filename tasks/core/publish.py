@@ -101,7 +101,8 @@ def replace_refs(value: V, new: Callable[[Ref], Ref]) -> V:
         changed = {k: v for k, v in replaced.items() if v is not getattr(value, k)}
         return value.model_copy(update=changed) if changed else value  # a model without Refs stays the same object
     if isinstance(value, dict):
-        return {k: replace_refs(v, new) for k, v in value.items()}  # type: ignore[return-value]
+        items = {k: replace_refs(v, new) for k, v in value.items()}
+        return value if all(items[k] is v for k, v in value.items()) else items  # type: ignore[return-value]
     return value
 
 

@@ -21,8 +21,7 @@ import pandas as pd
 from grpo_pipeline.configs.schema import EvalConfig, RewardSpec
 from grpo_pipeline.rewards import build_reward, build_spec
 from grpo_pipeline.rewards.math import answer_key
-from grpo_pipeline.rewards.registry import completion_text
-from grpo_pipeline.tasks.core.chat import as_completion, as_prompt
+from grpo_pipeline.tasks.core.chat import as_completion, as_prompt, completion_text
 from grpo_pipeline.tasks.core.common import logger
 from grpo_pipeline.tasks.scoring.metrics import majority_correct, scored_pass_at_k
 

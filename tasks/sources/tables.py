@@ -12,8 +12,8 @@ from typing import Any
 import pandas as pd
 
 from grpo_pipeline.configs.schema import DataConfig
-from grpo_pipeline.rewards.registry import completion_text
 from grpo_pipeline.tasks.core import chat
+from grpo_pipeline.tasks.core.chat import completion_text
 from grpo_pipeline.tasks.core.hub import dataset_fix
 from grpo_pipeline.tasks.core.values import is_missing
 from grpo_pipeline.tasks.sources import DataError
