@@ -18,9 +18,11 @@ from grpo_pipeline import stack
 from grpo_pipeline.configs import reference as config_reference
 from grpo_pipeline.configs.schema import ConfigError, PipelineConfig, load_config
 from grpo_pipeline.eval_cli import eval_command
+from grpo_pipeline.rehearse import rehearsal_config
 from grpo_pipeline.rewards_cli import rewards_app
 from grpo_pipeline.serve_model import serve_model_command
 from grpo_pipeline.tasks.core.runtime import setup, source_roots
+from grpo_pipeline.tasks.core.tracking import tracking_uri
 
 # The commands import the pipeline's modules inside their bodies, not here: `--help` and the quick commands start
 # without loading Prefect, torch or MLflow, and `setup()` applies Prefect's import-time settings first
@@ -119,7 +121,6 @@ def rehearse(
     own data (hub data: data.source=file data.path=<local copy>), rewards, metrics, gate and registration (under
     <model_name>-rehearsal), so every error that does not need a GPU shows before a GPU is paid for. The summary
     says what was changed and what could not be rehearsed."""
-    from grpo_pipeline.rehearse import rehearsal_config
 
     cfg = _load(config, overrides)
     setup(cfg, verbose=verbose, refresh=refresh)
@@ -138,7 +139,6 @@ def _run_pipeline(cfg: PipelineConfig, verbose: bool, summary_json: Path | None)
     _use_stack_if_running()
     # Prefect reads its settings at import time, so the flow is imported only after setup.
     from grpo_pipeline.flows.grpo_pipeline import BAD_INPUT, grpo_pipeline
-    from grpo_pipeline.tasks.core.tracking import tracking_uri
 
     if not verbose:
         for name in ("prefect.flow_runs", "prefect.task_runs"):

@@ -20,7 +20,12 @@ from rich.table import Table
 
 from grpo_pipeline.configs.metrics import Metric
 from grpo_pipeline.configs.schema import ConfigError, EvalConfig, load_config
+from grpo_pipeline.rewards.registry import RewardError
+from grpo_pipeline.tasks.core.common import Ref, atomic_dir, fingerprint_path
 from grpo_pipeline.tasks.core.runtime import setup
+from grpo_pipeline.tasks.core.tracking import REGISTRY_PREFIX
+from grpo_pipeline.tasks.release.registered import fetch_registered, resolve_registered
+from grpo_pipeline.tasks.sources import DataError
 
 # The commands import the pipeline's modules inside their bodies, not here: `--help` and the quick commands start
 # without loading Prefect, torch or MLflow, and `setup()` applies Prefect's import-time settings first
@@ -42,8 +47,6 @@ def _fail(message: str) -> typer.Exit:
 def resolve_model(spec: str, run_dir: Path) -> str:
     """A local directory as it is; `models:/<name>@<alias>` or `models:/<name>/<version>` fetched from MLflow (once
     per version, under the run directory); anything else is passed to `from_pretrained` as a hub name."""
-    from grpo_pipeline.tasks.core.tracking import REGISTRY_PREFIX
-    from grpo_pipeline.tasks.release.registered import fetch_registered, resolve_registered
 
     if spec.startswith(REGISTRY_PREFIX):
         version = resolve_registered(spec, str(run_dir))
@@ -63,7 +66,6 @@ def resolve_model(spec: str, run_dir: Path) -> str:
 def eval_split(data: Path, fmt: str, limit: int | None, run_dir: Path) -> tuple[Ref, EvalConfig, str]:
     """The eval rows (a Ref to Parquet), the eval settings and a description: a recipe's held-out split with its
     `eval` section, or a benchmark file mapped by its format with default settings."""
-    from grpo_pipeline.tasks.core.common import Ref, atomic_dir, fingerprint_path
     from grpo_pipeline.tasks.data import prepare_data
 
     if data.suffix in RECIPE_SUFFIXES:
@@ -202,9 +204,7 @@ def eval_command(
     ] = None,
 ) -> None:
     """Evaluate a checkpoint or registered version: greedy accuracy (95% CI), pass@k, maj@k."""
-    from grpo_pipeline.rewards.registry import RewardError
     from grpo_pipeline.tasks.scoring.evaluation import evaluate_model
-    from grpo_pipeline.tasks.sources import DataError
 
     setup()
     try:

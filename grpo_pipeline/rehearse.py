@@ -22,6 +22,11 @@ from typing import Any
 
 from grpo_pipeline.configs.algorithm import PolicyLossConfig, vllm_corrections_set
 from grpo_pipeline.configs.schema import ConfigError, PipelineConfig, RehearsalConfig, split_metric
+from grpo_pipeline.tasks.core.chat import decode_messages
+from grpo_pipeline.tasks.core.common import load_tokenizer
+from grpo_pipeline.tasks.core.hub import dataset_problem
+from grpo_pipeline.tasks.scoring.vllm_generation import vllm_installed
+from grpo_pipeline.tasks.training.trainer import has_cuda, vllm_available
 
 # The commands import the pipeline's modules inside their bodies, not here: `--help` and the quick commands start
 # without loading Prefect, torch or MLflow, and `setup()` applies Prefect's import-time settings first
@@ -97,7 +102,6 @@ def rehearsal_config(cfg: PipelineConfig) -> PipelineConfig:
 
 
 def _data_problem(cfg: PipelineConfig) -> str | None:
-    from grpo_pipeline.tasks.core.hub import dataset_problem
 
     problem = dataset_problem(cfg.data)
     if problem is None:
@@ -117,7 +121,6 @@ def _local_copies(cfg: PipelineConfig) -> dict[str, Path]:
     """The local copy of each hub suite's dataset, by suite name: the file named after the suite in the local-data
     folder where there is one; none where the hub (or its cache) can give the dataset. A hub suite with neither is
     an error that lists every such suite and where to put its copy."""
-    from grpo_pipeline.tasks.core.hub import dataset_problem
 
     folder = local_data_dir(cfg)
     copies: dict[str, Path] = {}
@@ -189,8 +192,6 @@ def _gate_ks(cfg: PipelineConfig) -> dict[str, int]:
 
 def _replace_gpu_only(cfg: PipelineConfig, put: Any) -> list[str]:
     """Swap what needs CUDA for what runs here; one line each saying what was not rehearsed and what ran instead."""
-    from grpo_pipeline.tasks.scoring.vllm_generation import vllm_installed
-    from grpo_pipeline.tasks.training.trainer import has_cuda, vllm_available
 
     lines = []
     if cfg.model.load_in_4bit and not has_cuda():
@@ -249,7 +250,6 @@ def _tool_demonstrations(cfg: PipelineConfig, model_dir: Path) -> list[str]:
 
     from grpo_pipeline.agents.demonstration import EXAMPLE_CALLS, demonstrate, first_result, tokens_after_result
     from grpo_pipeline.agents.loops import eval_tool_loop
-    from grpo_pipeline.tasks.core.common import load_tokenizer
     from grpo_pipeline.tasks.scoring.episodes import EpisodeGenerator
 
     tokenizer, model = load_tokenizer(str(model_dir)), AutoModelForCausalLM.from_pretrained(model_dir)
@@ -275,7 +275,6 @@ def _rollouts_here(cfg: PipelineConfig, put: Any) -> str:
     """vLLM rollouts without CUDA: colocated on vLLM's CPU build where it is installed, else transformers' generate.
     What only vLLM uses is set back with them (a server, the corrections of vLLM's probabilities, off-policy masking
     that would have no off-policy sample to mask), so that the rehearsal is a valid config of its own."""
-    from grpo_pipeline.tasks.scoring.vllm_generation import vllm_installed
 
     grpo = cfg.grpo
     server = grpo.vllm_mode == "server"
@@ -353,7 +352,6 @@ def _stand_in(cfg: PipelineConfig) -> tuple[Path, str]:
 
 def _texts(df: Any, system_prompt: str | None) -> list[str]:
     """Every text the recipe's data holds (chat prompts by their messages' contents): the tokenizer's corpus."""
-    from grpo_pipeline.tasks.core.chat import decode_messages
 
     texts = [system_prompt] if system_prompt else []
     for column in ("prompt", "answer", "completion"):

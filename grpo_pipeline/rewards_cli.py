@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from grpo_pipeline.configs.schema import ConfigError, load_config
+from grpo_pipeline.rewards import build_reward
+from grpo_pipeline.rewards.registry import DEFAULT_TIMEOUT_S, RewardError
 from grpo_pipeline.tasks.core.runtime import setup
 
 # The commands import the pipeline's modules inside their bodies, not here: `--help` and the quick commands start
@@ -103,8 +105,6 @@ def score(
 
 def _build_rewards(config: Path | None, names: str | None, verbose: bool) -> list[RewardFn]:
     """The rewards of a recipe (with its params) or of a comma-separated list of names (default params)."""
-    from grpo_pipeline.rewards import build_reward
-    from grpo_pipeline.rewards.registry import DEFAULT_TIMEOUT_S, RewardError
 
     if config is not None:
         try:

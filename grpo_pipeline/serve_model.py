@@ -18,6 +18,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from grpo_pipeline.tasks.core.tracking import tracking_uri as run_tracking_uri
+
 # The commands import the pipeline's modules inside their bodies, not here: `--help` and the quick commands start
 # without loading Prefect, torch or MLflow, and `setup()` applies Prefect's import-time settings first
 # (tasks/core/runtime.py).
@@ -44,7 +46,6 @@ def serve_model_command(
     ] = None,
 ) -> None:
     """Serve a registered model over HTTP (POST /invocations), as `mlflow models serve --env-manager local`."""
-    from grpo_pipeline.tasks.core.tracking import tracking_uri as run_tracking_uri
 
     uri = tracking_uri or run_tracking_uri(run_dir)
     problem = registry_problem(model_uri, uri)

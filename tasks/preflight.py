@@ -236,7 +236,6 @@ def rollout_problems(base: Checkpoint, grpo: GRPOStageConfig) -> list[str]:
         return []
     # the agents package loads transformers: only for a recipe with tools, as check_config's tool check does
     from grpo_pipeline.agents.text_tools import needs_text_loop
-    from grpo_pipeline.tasks.core.common import load_tokenizer
 
     try:
         tokenizer = load_tokenizer(base.path)

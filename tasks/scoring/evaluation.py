@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 from pydantic import BaseModel
 
+from grpo_pipeline.agents.episodes import conversation, episode_stats
 from grpo_pipeline.configs.schema import HELDOUT, EvalConfig, Metric, RewardSpec
 from grpo_pipeline.rewards.registry import REGISTRY, RewardError
 from grpo_pipeline.tasks.core.chat import render_prompt
@@ -334,7 +335,6 @@ def tool_stats(generate: Any, items: list[dict[str, Any]]) -> dict[str, float]:
     """The tool use of an EpisodeGenerator's two runs (greedy, then sampled), as `EvalResult.tools`; each item gets
     its episodes' tool calls, errors, turn-limit hits and whole conversations, each model turn and tool result
     (items.jsonl, and the completions table logged to MLflow). {} for single completions."""
-    from grpo_pipeline.agents.episodes import conversation, episode_stats
     from grpo_pipeline.tasks.scoring.episodes import EpisodeGenerator
 
     if not isinstance(generate, EpisodeGenerator):
