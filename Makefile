@@ -58,10 +58,11 @@ PYTEST_PARALLEL = $(if $(filter-out 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --
 test: install lint
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --durations=25 --ignore=tests/test_stack_postgres.py --ignore=tests/test_ray.py -m "not ray and not slow and not benchmarks" $(PYTEST_ARGS)
 
-# The slow tier: tests over a minute each whose path a quicker test in `make test` also takes (tests marked `slow`:
-# the rehearsals of the recipes' LoRA, QLoRA, multi-GPU and tools variants, a pipeline SIGKILLed and resumed, an
-# MLflow outage, two pipelines at once, a second difficulty-filtered round, the flow run from Python, a user reward
-# module's edits). .ci/run runs it after `make test`.
+# The slow tier: tests marked `slow`, each most of a minute or more of pipeline runs, beyond what `make test`'s ten
+# minutes hold: the rehearsals of the recipes' LoRA, QLoRA, multi-GPU and tools variants, a pipeline SIGKILLed and
+# resumed, an MLflow outage, two pipelines at once, a second difficulty-filtered round, the flow run from Python, a
+# user reward module's edits, the rounds' lineage and a round that returns its start, and on the stack a cancelled
+# pipeline, a failed GRPO child and a GPU worker sharing nothing but two URLs. .ci/run runs it after `make test`.
 test-slow: install
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL) --durations=25 --ignore=tests/test_stack_postgres.py --ignore=tests/test_ray.py -m "slow and not ray" $(PYTEST_ARGS)
 

@@ -33,38 +33,36 @@ if "PREFECT_HOME" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], True)
 setup()
 
-# The files that take longest in `make test`, heaviest first, in seconds (pytest --durations=0, summed per file, Dec
-# 2026, on 2 cores under a load of 3-6, so about twice their idle figures; without the `slow` tier's tests; the stack
-# file's figure is its idle one of Nov 2026 doubled, as its server timed out in that run). `make test` runs them
-# first, each file whole on one pytest-xdist worker (--dist loadfile --no-loadscope-reorder), so the two workers
-# finish together instead of one starting the stack tests while the other has nothing left; the other files follow
-# in their usual order. A stale number costs balance, never a result.
+# The files that take longest in `make test`, heaviest first, in seconds (setup, call and teardown summed per file
+# from pytest's JUnit report, Dec 2026, on 2 cores with nothing else running; without the `slow` tier's tests).
+# `make test` runs them first, each file whole on one pytest-xdist worker (--dist loadfile --no-loadscope-reorder),
+# so the two workers finish together instead of one starting the stack tests while the other has nothing left; the
+# other files follow in their usual order. A stale number costs balance, never a result.
 SLOWEST_FIRST = {
-    "test_stack_integration.py": 570,
-    "test_pipeline_integration.py": 359,
-    "test_bad_input.py": 139,
-    "test_register.py": 135,
-    "test_register_stores.py": 126,
-    "test_resume.py": 119,
-    "test_rehearse.py": 105,
-    "test_distributed.py": 79,
-    "test_gate_evidence.py": 78,
-    "test_keep_best.py": 76,
-    "test_tiny_code.py": 67,
-    "test_chat.py": 66,
-    "test_algorithms.py": 65,
-    "test_serve_model.py": 52,
-    "test_health.py": 49,
-    "test_suites.py": 46,
-    "test_round_trips.py": 37,
-    "test_resilience.py": 30,
-    "test_sandbox.py": 28,
-    "test_decisions_agree.py": 23,
-    "test_reward_timeouts.py": 21,
-    "test_golden_grpo.py": 21,
-    "test_eval_formats.py": 18,
-    "test_agent_trl.py": 16,
-    "test_recipes.py": 14,
+    "test_pipeline_integration.py": 190,
+    "test_stack_integration.py": 140,
+    "test_resume.py": 66,
+    "test_bad_input.py": 64,
+    "test_register.py": 54,
+    "test_rehearse.py": 45,
+    "test_suites.py": 38,
+    "test_difficulty.py": 37,
+    "test_distributed.py": 36,
+    "test_gate_evidence.py": 35,
+    "test_register_stores.py": 34,
+    "test_tiny_code.py": 25,
+    "test_keep_best.py": 25,
+    "test_health.py": 25,
+    "test_algorithms.py": 24,
+    "test_chat.py": 22,
+    "test_sandbox.py": 20,
+    "test_serve_model.py": 20,
+    "test_golden_grpo.py": 15,
+    "test_text_tools.py": 12,
+    "test_reward_timeouts.py": 12,
+    "test_code_python_semantics.py": 11,
+    "test_decisions_agree.py": 10,
+    "test_round_trips.py": 10,
 }
 
 

@@ -2,9 +2,10 @@
 
 The session's cold run (conftest's `micro_run`) is inspected as it is; the `reruns` fixture then runs the pipeline
 on its store again, always in the same order (an unchanged rerun, a changed `grpo.*` value that must rerun only the
-GRPO side, `--refresh` with yet another value, two rounds of another model, a cached checkpoint changed on disk),
-and records what each run saw and left, so each test reads an explicit state whichever tests ran before it, and
-each also runs alone (`-k name`).
+GRPO side, `--refresh` with yet another value, a cached checkpoint changed on disk), and records what each run saw
+and left, so each test reads an explicit state whichever tests ran before it, and each also runs alone (`-k name`).
+`round_reruns` does the same for runs of several rounds (two rounds of another model, rounds that return their
+start), in the slow tier.
 """
 
 from __future__ import annotations
@@ -76,28 +77,9 @@ class Rerun:
         return self.proc.stdout + self.proc.stderr
 
 
-@pytest.fixture(scope="module")
-def reruns(micro_run: MicroRun, prefect_api: str) -> dict[str, Rerun]:
-    """The reruns on the micro run's store, in a fixed order. A failed rerun fails only the test that reads it.
-    `--refresh` uses a learning rate of its own, so it cannot cache what `grpo-changed` must train; the damaged
-    checkpoint comes last, so the other runs never see it."""
+def run_plan(micro_run: MicroRun, prefect_api: str, plan: dict[str, tuple[str, ...]]) -> dict[str, Rerun]:
+    """The runs of `plan` on the micro run's store, in its order. A failed rerun fails only the test that reads it."""
     store = micro_run.store
-    plan = {
-        "warm": (),
-        "grpo-changed": ("grpo.learning_rate=3e-4",),
-        "refresh": ("grpo.learning_rate=2e-4", "--refresh"),
-        # a model of its own (the later registry.model_name wins over run_pipeline's), from the cached SFT policy
-        "rounds": ("registry.model_name=micro-rounds", "grpo.rounds=2", "grpo.beta=0.04"),
-        # rounds that must beat their start by half the confirming probe rows: round 1 returns its start
-        "returned-start": (
-            "registry.model_name=micro-kept",
-            "grpo.rounds=3",
-            "grpo.keep=best_probe",
-            "grpo.keep_over_start=true",
-            "grpo.keep_margin=0.5",
-        ),
-        "damaged": (),
-    }
     done: dict[str, Rerun] = {}
     for name, extra in plan.items():
         if name == "damaged":
@@ -107,6 +89,39 @@ def reruns(micro_run: MicroRun, prefect_api: str) -> dict[str, Rerun]:
         proc, summary_path = run_pipeline(store, name, *extra, api=prefect_api)  # the module's one server
         done[name] = Rerun(proc, summary_path, before, aliases(store))
     return done
+
+
+@pytest.fixture(scope="module")
+def reruns(micro_run: MicroRun, prefect_api: str) -> dict[str, Rerun]:
+    """The reruns of the caching tests. `--refresh` uses a learning rate of its own, so it cannot cache what
+    `grpo-changed` must train; the damaged checkpoint comes last, so the other runs never see it (a rebuilt SFT
+    checkpoint is what `round_reruns`, if it runs after, starts from)."""
+    plan = {
+        "warm": (),
+        "grpo-changed": ("grpo.learning_rate=3e-4",),
+        "refresh": ("grpo.learning_rate=2e-4", "--refresh"),
+        "damaged": (),
+    }
+    return run_plan(micro_run, prefect_api, plan)
+
+
+@pytest.fixture(scope="module")
+def round_reruns(micro_run: MicroRun, prefect_api: str) -> dict[str, Rerun]:
+    """The runs of more than one round (the slow tier's: test_suites and test_difficulty take several rounds in
+    `make test`), each under a model name of its own (the later registry.model_name wins over run_pipeline's),
+    from the cached SFT policy."""
+    plan = {
+        "rounds": ("registry.model_name=micro-rounds", "grpo.rounds=2", "grpo.beta=0.04"),
+        # rounds that must beat their start by half the confirming probe rows: round 1 returns its start
+        "returned-start": (
+            "registry.model_name=micro-kept",
+            "grpo.rounds=3",
+            "grpo.keep=best_probe",
+            "grpo.keep_over_start=true",
+            "grpo.keep_margin=0.5",
+        ),
+    }
+    return run_plan(micro_run, prefect_api, plan)
 
 
 def test_cold_run_trains_evaluates_and_registers(micro_run: MicroRun):
@@ -290,9 +305,10 @@ def test_invalid_data_stops_before_training(tmp_path, prefect_api):
     assert "Retry 1/" not in out
 
 
-def test_iterative_rounds_start_from_the_last_policy(reruns, micro_run: MicroRun):
+@pytest.mark.slow
+def test_iterative_rounds_start_from_the_last_policy(round_reruns, micro_run: MicroRun):
     """`grpo.rounds=2` with a KL term: round 2 starts from round 1's policy, which is also its reference model."""
-    result = reruns["rounds"].summary
+    result = round_reruns["rounds"].summary
     assert [s["stage"] for s in result["stages"]][-8:] == [
         "grpo-round1",
         "evaluate-r1",
@@ -325,10 +341,11 @@ def test_iterative_rounds_start_from_the_last_policy(reruns, micro_run: MicroRun
         assert row["change_ci"][0] <= row["change"] <= row["change_ci"][1] and row["n"] == 24
 
 
-def test_a_round_that_returned_its_start_is_not_registered_and_ends_the_rounds(reruns, micro_run: MicroRun):
+@pytest.mark.slow
+def test_a_round_that_returned_its_start_is_not_registered_and_ends_the_rounds(round_reruns, micro_run: MicroRun):
     """grpo.rounds is a maximum: a round that returned its start unchanged registers nothing, starts no round after
     it, and the summary says so."""
-    rerun = reruns["returned-start"]
+    rerun = round_reruns["returned-start"]
     result = rerun.summary
     stages = [s["stage"] for s in result["stages"]]
     assert stages[-1] == "grpo-round1" and "grpo-round2" not in stages  # not evaluated again, nothing after it

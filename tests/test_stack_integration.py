@@ -2,7 +2,9 @@
 through the workers, checked through the Prefect and MLflow REST APIs, and `grpo-pipeline stop`.
 
 One module-scoped stack serves every test; its teardown stops it and checks that no process it started is left,
-also when a test failed.
+also when a test failed. `make test` runs a deployment through both pools, the second serve, the parameter form and
+the nightly schedule; the slow tier (`make test-slow`) runs the three that each take another pipeline run of most of
+a minute: a cancelled pipeline, a failed GRPO child, and a GPU worker that shares nothing with the pipeline.
 """
 
 from __future__ import annotations
@@ -157,6 +159,7 @@ def test_nightly_is_scheduled_inactive_continues_from_the_champion_and_caches(st
         assert any(name.startswith("pin_model") for name in states), states
 
 
+@pytest.mark.slow
 def test_cancelling_the_pipeline_cancels_its_grpo_child(stack: Stack) -> None:
     params = json.dumps({"overrides": micro(stack, "grpo.work_pool=gpu", "grpo.steps_per_round=5000", "seed=7")})
     proc = prefect_cli(stack, "deployment", "run", "grpo-pipeline/local", "--params", params)
@@ -191,6 +194,7 @@ def explode(prompts, completions, trainer_state=None, **kwargs):
 """
 
 
+@pytest.mark.slow
 def test_a_failed_grpo_child_fails_the_pipeline_with_its_error(stack: Stack, tmp_path: Path) -> None:
     """The child on the gpu pool imports the user's reward from beside the recipe, fails in training, and the
     parent fails with the child's error instead of carrying on."""
@@ -239,6 +243,7 @@ def isolated_worker(stack: Stack, home: Path) -> tuple[subprocess.Popen, bool]:
     return proc, namespaces
 
 
+@pytest.mark.slow
 def test_a_gpu_worker_that_shares_nothing_but_the_two_urls(stack: Stack, tmp_path: Path) -> None:
     """The round's inputs reach the worker through MLflow and its result comes back through MLflow: the worker
     cannot read the pipeline's run directory and has its own Prefect result storage (runs last: it replaces the
