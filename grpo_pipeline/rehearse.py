@@ -25,8 +25,8 @@ from grpo_pipeline.configs.schema import ConfigError, PipelineConfig, RehearsalC
 from grpo_pipeline.tasks.core.chat import decode_messages
 from grpo_pipeline.tasks.core.common import load_tokenizer
 from grpo_pipeline.tasks.core.hub import dataset_problem
-from grpo_pipeline.tasks.scoring.vllm_generation import vllm_installed
-from grpo_pipeline.tasks.training.trainer import has_cuda, vllm_available
+from grpo_pipeline.tasks.scoring import vllm_generation  # through the modules: tests stand in for CUDA, vllm
+from grpo_pipeline.tasks.training import trainer
 
 # The commands import the pipeline's modules inside their bodies, not here: `--help` and the quick commands start
 # without loading Prefect, torch or MLflow, and `setup()` applies Prefect's import-time settings first
@@ -102,7 +102,6 @@ def rehearsal_config(cfg: PipelineConfig) -> PipelineConfig:
 
 
 def _data_problem(cfg: PipelineConfig) -> str | None:
-
     problem = dataset_problem(cfg.data)
     if problem is None:
         return None
@@ -194,19 +193,19 @@ def _replace_gpu_only(cfg: PipelineConfig, put: Any) -> list[str]:
     """Swap what needs CUDA for what runs here; one line each saying what was not rehearsed and what ran instead."""
 
     lines = []
-    if cfg.model.load_in_4bit and not has_cuda():
+    if cfg.model.load_in_4bit and not trainer.has_cuda():
         put("model.load_in_4bit", False)
         lines.append("4-bit base weights (model.load_in_4bit) need CUDA and bitsandbytes: rehearsed as LoRA on "
                      "full-precision weights")  # fmt: skip
-    if cfg.grpo.use_vllm is not False and not vllm_available():
+    if cfg.grpo.use_vllm is not False and not trainer.vllm_available():
         lines.append(_rollouts_here(cfg, put))
-    if cfg.eval.backend != "hf" and not vllm_installed():
+    if cfg.eval.backend != "hf" and not vllm_generation.vllm_installed():
         lines.append(f"evaluation through vLLM (eval.backend: {cfg.eval.backend}): vllm is not installed here, so "
                      "transformers' generate evaluated (make test-vllm's environment evaluates through vLLM's CPU "
                      "build)")  # fmt: skip
-    if cfg.model.dtype in ("bfloat16", "float16") and not has_cuda():
+    if cfg.model.dtype in ("bfloat16", "float16") and not trainer.has_cuda():
         lines.append(f"{cfg.model.dtype} autocast needs CUDA: training computed in float32")
-    if cfg.distributed.accelerate_config and not has_cuda():
+    if cfg.distributed.accelerate_config and not trainer.has_cuda():
         put("distributed.accelerate_config", None)
         lines.append(f"{cfg.distributed.accelerate_config} (GPU processes) needs CUDA: rehearsed as plain data "
                      "parallel on gloo")  # fmt: skip
@@ -280,7 +279,7 @@ def _rollouts_here(cfg: PipelineConfig, put: Any) -> str:
     server = grpo.vllm_mode == "server"
     if server:  # a server takes its weights over NCCL, which needs CUDA (and its own GPU)
         put("grpo.vllm_mode", "colocate")
-    if vllm_installed():
+    if vllm_generation.vllm_installed():
         put("grpo.use_vllm", True)
         return (
             "vLLM rollouts on CUDA: they ran colocated on vLLM's CPU build (its linear layers on live weights, which "
