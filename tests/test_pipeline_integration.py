@@ -2,10 +2,10 @@
 
 The session's cold run (conftest's `micro_run`) is inspected as it is; the `reruns` fixture then runs the pipeline
 on its store again, always in the same order (an unchanged rerun, a changed `grpo.*` value that must rerun only the
-GRPO side, `--refresh` with yet another value, a cached checkpoint changed on disk), and records what each run saw
-and left, so each test reads an explicit state whichever tests ran before it, and each also runs alone (`-k name`).
-`round_reruns` does the same for runs of several rounds (two rounds of another model, rounds that return their
-start), in the slow tier.
+GRPO side, `--refresh` with yet another value, a cached checkpoint changed on disk), each when a test first needs it
+or a later one, and records what each run saw and left, so each test reads an explicit state whichever tests ran
+before it, and each also runs alone (`-k name`). `round_reruns` does the same for runs of several rounds (two rounds
+of another model, rounds that return their start), in the slow tier.
 """
 
 from __future__ import annotations
@@ -77,22 +77,32 @@ class Rerun:
         return self.proc.stdout + self.proc.stderr
 
 
-def run_plan(micro_run: MicroRun, prefect_api: str, plan: dict[str, tuple[str, ...]]) -> dict[str, Rerun]:
-    """The runs of `plan` on the micro run's store, in its order. A failed rerun fails only the test that reads it."""
-    store = micro_run.store
-    done: dict[str, Rerun] = {}
-    for name, extra in plan.items():
-        if name == "damaged":
-            for sft_dir in (store / "runs" / "sft").iterdir():  # one, unless the project's code changed meanwhile
-                (sft_dir / "config.json").write_text("{}")  # a cached checkpoint edited behind the pipeline's back
-        before = aliases(store)
-        proc, summary_path = run_pipeline(store, name, *extra, api=prefect_api)  # the module's one server
-        done[name] = Rerun(proc, summary_path, before, aliases(store))
-    return done
+class Plan:
+    """The runs of a plan on the micro run's store, in its order, each run when a test first asks for it (or for a
+    later one): each test's time is its own run's. A failed rerun fails only the tests that read it."""
+
+    def __init__(self, micro_run: MicroRun, prefect_api: str, plan: dict[str, tuple[str, ...]]):
+        self.micro_run, self.prefect_api, self.plan = micro_run, prefect_api, plan
+        self.done: dict[str, Rerun] = {}
+
+    def __getitem__(self, wanted: str) -> Rerun:
+        store = self.micro_run.store
+        for name, extra in self.plan.items():
+            if wanted in self.done:
+                break
+            if name in self.done:
+                continue
+            if name == "damaged":
+                for sft_dir in (store / "runs" / "sft").iterdir():  # one, unless the project's code changed meanwhile
+                    (sft_dir / "config.json").write_text("{}")  # a cached checkpoint edited behind the pipeline's back
+            before = aliases(store)
+            proc, summary_path = run_pipeline(store, name, *extra, api=self.prefect_api)  # the module's one server
+            self.done[name] = Rerun(proc, summary_path, before, aliases(store))
+        return self.done[wanted]
 
 
 @pytest.fixture(scope="module")
-def reruns(micro_run: MicroRun, prefect_api: str) -> dict[str, Rerun]:
+def reruns(micro_run: MicroRun, prefect_api: str) -> Plan:
     """The reruns of the caching tests. `--refresh` uses a learning rate of its own, so it cannot cache what
     `grpo-changed` must train; the damaged checkpoint comes last, so the other runs never see it (a rebuilt SFT
     checkpoint is what `round_reruns`, if it runs after, starts from)."""
@@ -102,11 +112,11 @@ def reruns(micro_run: MicroRun, prefect_api: str) -> dict[str, Rerun]:
         "refresh": ("grpo.learning_rate=2e-4", "--refresh"),
         "damaged": (),
     }
-    return run_plan(micro_run, prefect_api, plan)
+    return Plan(micro_run, prefect_api, plan)
 
 
 @pytest.fixture(scope="module")
-def round_reruns(micro_run: MicroRun, prefect_api: str) -> dict[str, Rerun]:
+def round_reruns(micro_run: MicroRun, prefect_api: str) -> Plan:
     """The runs of more than one round (the slow tier's: test_suites and test_difficulty take several rounds in
     `make test`), each under a model name of its own (the later registry.model_name wins over run_pipeline's),
     from the cached SFT policy."""
@@ -121,7 +131,7 @@ def round_reruns(micro_run: MicroRun, prefect_api: str) -> dict[str, Rerun]:
             "grpo.keep_margin=0.5",
         ),
     }
-    return run_plan(micro_run, prefect_api, plan)
+    return Plan(micro_run, prefect_api, plan)
 
 
 def test_cold_run_trains_evaluates_and_registers(micro_run: MicroRun):
