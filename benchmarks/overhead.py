@@ -39,7 +39,8 @@ SHORT = ["sft.max_steps=1500", "grpo.rounds=1", "grpo.steps_per_round=150", "dat
 PLAIN_LOOP = textwrap.dedent("""
     import json, sys, time
     from grpo_pipeline.configs.schema import load_config
-    from grpo_pipeline.flows.grpo_pipeline import Stages, run_stages
+    from grpo_pipeline.flows.grpo_pipeline import run_stages
+    from grpo_pipeline.flows.stages import Stages
     from grpo_pipeline.flows.summary import StageRecord
 
     class PlainStages(Stages):

@@ -2,6 +2,7 @@
 
     flows/
       grpo_pipeline.py  the pipeline DAG, top to bottom; grpo_round(...) is one GRPO round's steps
+      stages.py         the stages as Prefect tasks (cache keys, retries) and `Stages`, which runs and records them
       grpo_train.py     one GRPO round as its own deployable flow (grpo-train), for another work pool
       summary.py        the end-of-run summary: one record per stage run and per round
 

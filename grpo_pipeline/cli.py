@@ -138,7 +138,8 @@ def _run_pipeline(cfg: PipelineConfig, verbose: bool, summary_json: Path | None)
     _preflight(cfg)
     _use_stack_if_running()
     # Prefect reads its settings at import time, so the flow is imported only after setup.
-    from grpo_pipeline.flows.grpo_pipeline import BAD_INPUT, grpo_pipeline
+    from grpo_pipeline.flows.grpo_pipeline import grpo_pipeline
+    from grpo_pipeline.flows.stages import BAD_INPUT
 
     if not verbose:
         for name in ("prefect.flow_runs", "prefect.task_runs"):

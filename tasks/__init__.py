@@ -2,7 +2,7 @@
 role, never in another stage's module. Imports point down the list below: the stage modules import the
 subpackages, release imports training, scoring and sources, training imports scoring, scoring imports sources, and
 core imports only the config (pyproject.toml's import-linter contracts; `make lint`). Each stage is a plain
-function usable without Prefect; the Prefect tasks that wrap them live in flows/grpo_pipeline.py.
+function usable without Prefect; the Prefect tasks that wrap them live in flows/stages.py.
 
     tasks/
       data.py        prepare_data: synthetic, file or Hub rows, split into train, eval and the probe split

@@ -7,7 +7,7 @@ registry is touched, a version whose aliasing fails is deleted, and a run that a
 registered again, so a retried or repeated registration leaves exactly one version.
 
 Registration is idempotent across a failure at any point, as when the tracking server goes away mid-way (the
-register stage then retries, see flows/grpo_pipeline.py): a model already logged to the run from the same checkpoint
+register stage then retries, see flows/stages.py): a model already logged to the run from the same checkpoint
 is reused rather than logged again, the completions table is logged once, a version created but left without its
 alias (the server was gone before it could be set or the version deleted) is given the alias its gate decision
 gives, and a second version of the same run (a create request retried by MLflow's HTTP client after the server had

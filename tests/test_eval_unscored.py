@@ -114,7 +114,7 @@ def test_too_many_unscored_stops_with_the_first_reason(rows, monkeypatch):
     assert "eval.max_unscored_fraction=0.25" in message and SANDBOX_DOWN in message
     assert "nothing is registered" in message
     # a bad input of the pipeline (printed as one error line, not retried) like every RewardError
-    from grpo_pipeline.flows.grpo_pipeline import BAD_INPUT
+    from grpo_pipeline.flows.stages import BAD_INPUT
 
     assert isinstance(e.value, BAD_INPUT) and isinstance(e.value, RewardError)
     check_unscored(result.model_copy(update={"config": cfg.model_copy(update={"max_unscored_fraction": 0.5})}))

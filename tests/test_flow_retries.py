@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_pipeline.flows.grpo_pipeline import retry_remote_round
 from grpo_pipeline.flows.grpo_train import RoundFailed
+from grpo_pipeline.flows.stages import retry_remote_round
 
 
 class FailedState:

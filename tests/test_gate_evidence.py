@@ -28,7 +28,7 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException, RestException
 
 from grpo_pipeline.configs.schema import RegistryConfig
-from grpo_pipeline.flows.grpo_pipeline import retry_registration
+from grpo_pipeline.flows.stages import retry_registration
 from grpo_pipeline.tasks.core.common import Ref
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.core.tracking import configure_mlflow, gate_limit_name, registry_lock, unreachable

@@ -100,7 +100,7 @@ def prefect_api(tmp_path_factory):
 def test_a_cached_register_stage_registers_again_in_a_new_store_or_after_a_deletion(stores, prefect_api):
     from prefect import flow
 
-    from grpo_pipeline.flows.grpo_pipeline import Stages, register
+    from grpo_pipeline.flows.stages import Stages, register
 
     @flow
     def registering() -> tuple[object, bool]:

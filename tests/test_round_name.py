@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_pipeline.flows.grpo_pipeline import grpo_train, grpo_train_remote
+from grpo_pipeline.flows.stages import grpo_train, grpo_train_remote
 from grpo_pipeline.tasks.grpo import GRPORound, round_name
 
 
