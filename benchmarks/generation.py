@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -21,6 +22,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+# The results are this script's stdout, its last line the figures; vLLM's log (stdout by default) goes to stderr.
+os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 from grpo_pipeline.configs.schema import load_config  # noqa: E402
 from grpo_pipeline.tasks.scoring.generation import generate_with_ids  # noqa: E402

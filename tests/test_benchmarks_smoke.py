@@ -156,7 +156,7 @@ SMOKES: dict[str, Smoke] = {
             "sh",
             "-c",
             '"$0" benchmarks/eval_fanout.py --ray "$RAY_ADDRESS" --run-dir "$1" -- data.num_eval=24 '
-            "eval.n_samples=4 model.tiny.hidden_size=32 model.tiny.num_layers=1 model.tiny.num_heads=2 "
+            "eval.n_samples=4 eval.k=[1,4] model.tiny.hidden_size=32 model.tiny.num_layers=1 model.tiny.num_heads=2 "
             "model.tiny.intermediate_size=64",
             sys.executable,
             str(tmp / "runs"),
