@@ -88,16 +88,15 @@ class Plan:
     def __getitem__(self, wanted: str) -> Rerun:
         store = self.micro_run.store
         for name, extra in self.plan.items():
-            if wanted in self.done:
+            if name not in self.done:
+                if name == "damaged":
+                    for sft_dir in (store / "runs" / "sft").iterdir():  # one, unless the project's code changed
+                        (sft_dir / "config.json").write_text("{}")  # a cached checkpoint edited behind its back
+                before = aliases(store)
+                proc, summary_path = run_pipeline(store, name, *extra, api=self.prefect_api)  # the module's server
+                self.done[name] = Rerun(proc, summary_path, before, aliases(store))
+            if name == wanted:
                 break
-            if name in self.done:
-                continue
-            if name == "damaged":
-                for sft_dir in (store / "runs" / "sft").iterdir():  # one, unless the project's code changed meanwhile
-                    (sft_dir / "config.json").write_text("{}")  # a cached checkpoint edited behind the pipeline's back
-            before = aliases(store)
-            proc, summary_path = run_pipeline(store, name, *extra, api=self.prefect_api)  # the module's one server
-            self.done[name] = Rerun(proc, summary_path, before, aliases(store))
         return self.done[wanted]
 
 
