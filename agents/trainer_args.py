@@ -22,14 +22,9 @@ from grpo_pipeline.configs.grpo import GRPOStageConfig
 TOOL_TEMPLATES = "Qwen2.5/Qwen3 instruct models, Llama 3.1/3.2 instruct"  # a few TRL can parse (docs/agents.md)
 
 
-def uses_tools(cfg: GRPOStageConfig) -> bool:
-    """Whether rollouts are multi-turn: the config names tools or an environment."""
-    return bool(cfg.tools) or cfg.environment is not None
-
-
 def agent_args(cfg: GRPOStageConfig) -> dict[str, Any]:
     """GRPOConfig fields for tool use: the turn limit (TRL's default, None, is no limit at all)."""
-    return {"max_tool_calling_iterations": cfg.max_tool_turns} if uses_tools(cfg) else {}
+    return {"max_tool_calling_iterations": cfg.max_tool_turns} if cfg.sampling.uses_tools else {}
 
 
 def trainer_agent_kwargs(cfg: GRPOStageConfig, tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
@@ -37,7 +32,7 @@ def trainer_agent_kwargs(cfg: GRPOStageConfig, tokenizer: PreTrainedTokenizerBas
     `environment_factory=` (the environment class, its tool methods contained); {} without tools. Raises ToolError
     naming the field and the fix; may set a response template on `tokenizer` (as TRL itself would). {} as well for
     tools on a model whose chat template cannot carry tool calls: they are called in text (agents/text_tools.py)."""
-    if not uses_tools(cfg) or (cfg.environment is None and needs_text_loop(tokenizer)):
+    if not cfg.sampling.uses_tools or (cfg.environment is None and needs_text_loop(tokenizer)):
         return {}
     kwargs: dict[str, Any] = {}
     if cfg.tools:

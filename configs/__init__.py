@@ -10,6 +10,7 @@ configs/
   algorithm.py    grpo.algorithm: loss type, clipping, importance sampling, entropy controls
   eval.py         eval:         held-out accuracy, pass@k / maj@k, benchmark suites
   metrics.py      the one grammar of eval metric names (gating, guards, the summary)
+  sampling.py     how a policy is sampled (rollouts, probes, the difficulty filter, evaluation), as one value
   registry.py     registry:     the MLflow experiment, registered model and champion gate
   monitors.py     monitors:     the GRPO rounds' training-health alarms
   distributed.py  distributed:  processes per stage, accelerate or Ray

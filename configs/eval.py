@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from grpo_pipeline.configs.base import Section
 from grpo_pipeline.configs.data import DataConfig, SyntheticTaskConfig
 from grpo_pipeline.configs.grpo import RewardSpec
+from grpo_pipeline.configs.sampling import Sampling
 
 # The correctness reward by default: the math answer check (rewards/math.py).
 CORRECTNESS = RewardSpec(name="correctness")
@@ -196,6 +197,16 @@ class EvalConfig(Section):
             if max(k) > n:
                 raise ValueError(f"suite {suite.name!r}: k {k} exceeds n_samples {n}; raise n_samples or drop them")
         return self
+
+    @property
+    def sampling(self) -> Sampling:
+        """How pass@k samples (a suite's own settings in `for_suite(name).sampling`); greedy accuracy and the probes
+        decode `sampling.greedy()`."""
+        return Sampling(
+            temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
+            tools=tuple(self.tools or ()), tool_params=self.tool_params or {}, max_tool_turns=self.max_tool_turns or 1,
+            environment=self.environment,
+        )  # fmt: skip
 
     @property
     def votes(self) -> bool:

@@ -10,6 +10,7 @@ from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
 from grpo_pipeline.configs.algorithm import VESPO_VLLM_MODE, PolicyLossConfig, vllm_corrections_set
 from grpo_pipeline.configs.base import UNKEYED, Section, save_every_steps_field
+from grpo_pipeline.configs.sampling import Sampling
 
 # `pkg.module:attribute`, as user rewards are written
 _DOTTED = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*")
@@ -276,6 +277,15 @@ class GRPOStageConfig(PolicyLossConfig):
     def round_learning_rate(self, round_index: int) -> float:
         """The peak learning rate of round `round_index` (1 for the first): see round_lr_decay."""
         return self.learning_rate * self.round_lr_decay ** (round_index - 1)
+
+    @property
+    def sampling(self) -> Sampling:
+        """How the rounds sample their rollouts, which the probe and the difficulty filter sample as."""
+        return Sampling(
+            temperature=self.temperature, top_p=self.top_p, max_new_tokens=self.max_completion_tokens,
+            tools=tuple(self.tools), tool_params=self.tool_params, max_tool_turns=self.max_tool_turns,
+            environment=self.environment,
+        )  # fmt: skip
 
     @property
     def reuses_rollouts(self) -> bool:

@@ -233,11 +233,9 @@ def sft_bar(cfg: PipelineConfig, data: DatasetRefs) -> dict[str, Any]:
     settings key SFT only when its probe uses them."""
     if cfg.sft.stop_at_accuracy is None:
         return {}
+    # evaluation's completions (episodes with its tools), decoded greedily, so its sampling settings key nothing
     return {"probe": data.probe, "correctness_reward": cfg.eval.correctness_reward,
-            "probe_tokens": cfg.eval.max_new_tokens, "tools": tuple(cfg.eval.tools or ()),
-            "max_tool_turns": cfg.eval.max_tool_turns or 1,  # episodes, as evaluation runs them
-            **({"environment": cfg.eval.environment} if cfg.eval.environment else {}),
-            **({"tool_params": cfg.eval.tool_params} if cfg.eval.tool_params else {})}  # fmt: skip
+            "probe_sampling": cfg.eval.sampling.greedy()}  # fmt: skip
 
 
 def round_prompts(

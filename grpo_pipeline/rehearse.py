@@ -243,7 +243,7 @@ def _tool_demonstrations(cfg: PipelineConfig, model_dir: Path) -> list[str]:
     """For each of the recipe's built-in tools, one episode on the stand-in whose first turn is a scripted call
     (agents/demonstration.py): parsed, run and answered as in training, then the stand-in's next turn; a line each
     with its calls, failures and result. A user's tool or an environment is named as not demonstrated."""
-    if not cfg.grpo.tools and cfg.grpo.environment is None:
+    if not cfg.grpo.sampling.uses_tools:
         return []
     from transformers import AutoModelForCausalLM
 
@@ -252,7 +252,7 @@ def _tool_demonstrations(cfg: PipelineConfig, model_dir: Path) -> list[str]:
     from grpo_pipeline.tasks.scoring.episodes import EpisodeGenerator
 
     tokenizer, model = load_tokenizer(str(model_dir)), AutoModelForCausalLM.from_pretrained(model_dir)
-    loop = eval_tool_loop(cfg.grpo.tools, cfg.grpo.max_tool_turns, tokenizer, tool_params=cfg.grpo.tool_params)
+    loop = eval_tool_loop(cfg.grpo.sampling.model_copy(update={"environment": None}), tokenizer)  # the tools alone
     # the later turns greedy, as evaluation generates them
     greedy, stop = EpisodeGenerator(model, tokenizer, loop).turns(max_new_tokens=64, temperature=None, top_p=1.0)
     lines = []

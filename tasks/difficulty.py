@@ -20,7 +20,6 @@ nothing left to learn on these prompts, and the flow ends the rounds there, or f
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,12 +28,12 @@ from typing import Any
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, computed_field
 
+from grpo_pipeline.configs.sampling import Sampling
 from grpo_pipeline.configs.schema import DifficultyFilterConfig, PipelineConfig, RewardSpec
 from grpo_pipeline.rewards import build_spec
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref, atomic_dir, fingerprint_path, load_tokenizer, logger
 from grpo_pipeline.tasks.core.stage import RunContext, stage, user_code
 from grpo_pipeline.tasks.core.tracking import mlflow_run
-from grpo_pipeline.tasks.scoring.generation import generate_with_ids
 from grpo_pipeline.tasks.scoring.items import judge
 
 TRAIN_FILE = "train.parquet"
@@ -46,34 +45,20 @@ class DifficultyFilterError(ValueError):
 
 
 class Rollouts(BaseModel):
-    """How the filter samples and scores: the GRPO rollout settings, so that the pass rate it measures is the one
-    the round's groups will see, and evaluation's correctness reward and generation batch."""
+    """How the filter samples and scores: as the round samples (`grpo.sampling`: episodes where it calls tools), so
+    that the pass rate it measures is the one the round's groups will see, with evaluation's correctness reward and
+    generation batch."""
 
     model_config = ConfigDict(frozen=True)
 
-    temperature: float
-    top_p: float
-    max_new_tokens: int
+    sampling: Sampling
     batch_size: int
     correctness_reward: RewardSpec
-    # A tool-using recipe's rollouts are episodes: the round's tools and turn limit (grpo.tools, grpo.max_tool_turns)
-    tools: tuple[str, ...] = ()
-    tool_params: dict[str, dict[str, Any]] = {}  # grpo.tool_params
-    max_tool_turns: int = 1
-    environment: str | None = None  # grpo.environment: a fresh instance per sampled episode, reset with its row
 
     @classmethod
     def of(cls, cfg: PipelineConfig) -> Rollouts:
         return cls(
-            temperature=cfg.grpo.temperature,
-            top_p=cfg.grpo.top_p,
-            max_new_tokens=cfg.grpo.max_completion_tokens,
-            batch_size=cfg.eval.batch_size,
-            correctness_reward=cfg.eval.correctness_reward,
-            tools=tuple(cfg.grpo.tools),
-            tool_params=cfg.grpo.tool_params,
-            max_tool_turns=cfg.grpo.max_tool_turns,
-            environment=cfg.grpo.environment,
+            sampling=cfg.grpo.sampling, batch_size=cfg.eval.batch_size, correctness_reward=cfg.eval.correctness_reward
         )
 
 
@@ -134,37 +119,27 @@ def pass_rates(
     from transformers import AutoModelForCausalLM
 
     from grpo_pipeline.agents.loops import eval_tool_loop
-    from grpo_pipeline.tasks.scoring.episodes import EpisodeGenerator
+    from grpo_pipeline.tasks.scoring.episodes import hf_sampler
 
     tokenizer = load_tokenizer(policy.path)
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(policy.path)
     model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
     torch.manual_seed(seed)
-    loop = eval_tool_loop(
-        rollouts.tools, rollouts.max_tool_turns, tokenizer, rollouts.environment, rollouts.tool_params
-    )
-    sample = (
-        EpisodeGenerator(model, tokenizer, loop, rows.to_dict("records"))
-        if loop
-        else functools.partial(generate_with_ids, model, tokenizer)
-    )
+    s = rollouts.sampling
+    sample = hf_sampler(model, tokenizer, eval_tool_loop(s, tokenizer), rows)
     sampled, _ = sample(
-        rows["prompt"].tolist(),
-        max_new_tokens=rollouts.max_new_tokens,
-        batch_size=rollouts.batch_size,
-        n=n,
-        temperature=rollouts.temperature,
-        top_p=rollouts.top_p,
-        desc=f"difficulty {label}",
-    )
+        rows["prompt"].tolist(), max_new_tokens=s.max_new_tokens, batch_size=rollouts.batch_size, n=n,
+        temperature=s.temperature, top_p=s.top_p, desc=f"difficulty {label}",
+    )  # fmt: skip
     judged, _ = judge(build_spec(rollouts.correctness_reward), rows, sampled)
     return [(sum(ok is True for ok in group), sum(ok is not None for ok in group)) for group in judged]
 
 
 def _correctness_code(params: Mapping[str, Any]) -> dict[str, str]:
     rollouts = params["rollouts"]
-    return user_code([rollouts.correctness_reward.name, *rollouts.tools, *filter(None, [rollouts.environment])])
+    s = rollouts.sampling
+    return user_code([rollouts.correctness_reward.name, *s.tools, *filter(None, [s.environment])])
 
 
 @stage("difficulty-{label}", external=_correctness_code)
@@ -254,7 +229,12 @@ def _track(
             "data_fingerprint": result.source_fingerprint}  # fmt: skip
     with mlflow_run(ctx.run_dir, ctx.experiment, f"{ctx.recipe}-difficulty-{result.label}", tags) as run:
         mlflow.log_params(
-            {**cfg.model_dump(exclude={"enabled", "before_first_round"}), **rollouts.model_dump(), "seed": ctx.seed}
+            {
+                **cfg.model_dump(exclude={"enabled", "before_first_round"}),
+                **rollouts.sampling.model_dump(),
+                **rollouts.model_dump(exclude={"sampling"}),
+                "seed": ctx.seed,
+            }
         )
         mlflow.log_metrics(
             {

@@ -153,18 +153,15 @@ def round_callbacks(
     """The round's own trainer callbacks: the held-out accuracy probe (with `held_out`, the probe split, and
     `cfg.probe_problems`; it keeps the best-probed step with `cfg.keep: best_probe` and says so in `notes`) and the
     training-health watch (with `health`)."""
-    from grpo_pipeline.agents.loops import eval_tool_loop
     from grpo_pipeline.tasks.training.probe import HeldOutAccuracyProbe
 
     callbacks: list[TrainerCallback] = []
     rows = pd.read_parquet(held_out.require()).head(cfg.probe_problems) if held_out is not None else None
     if rows is not None and len(rows) and cfg.probe_problems:
         keep = {"keep_best": cfg.keep == "best_probe", "patience": cfg.probe_patience, "notes": notes,
-                "over_start": cfg.keep_over_start, "rule": cfg.keep_rule, "margin": cfg.keep_margin,
-                "tools": eval_tool_loop(cfg.tools, cfg.max_tool_turns, tokenizer, cfg.environment,
-                                        cfg.tool_params)}  # fmt: skip
+                "over_start": cfg.keep_over_start, "rule": cfg.keep_rule, "margin": cfg.keep_margin}  # fmt: skip
         probe = HeldOutAccuracyProbe(
-            rows, tokenizer, cfg.probe_every_steps, cfg.max_completion_tokens, correctness_reward, **keep
+            rows, tokenizer, cfg.probe_every_steps, cfg.sampling.greedy(), correctness_reward, **keep
         )
         callbacks.append(probe)
     elif cfg.keep == "best_probe":
@@ -185,11 +182,9 @@ def round_health(
 ) -> RoundHealth:
     """The round's health watch; the correctness reward, when it is one of the round's rewards, tells solved groups
     (saturation) from unsolved ones (the zero_spread alarm)."""
-    from grpo_pipeline.agents.trainer_args import uses_tools
-
     names = [spec.name for spec in cfg.rewards]
     index = names.index(correctness_reward.name) if correctness_reward.name in names else None
-    turns = cfg.max_tool_turns if uses_tools(cfg) else None  # the turn_limit alarm watches tool-using rounds
+    turns = cfg.max_tool_turns if cfg.sampling.uses_tools else None  # the turn_limit alarm watches tool-using rounds
     return RoundHealth(monitors, stage_name, cfg.beta, cfg.generations_per_prompt, weights, index, turns)
 
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from grpo_pipeline.configs.sampling import Sampling
 from grpo_pipeline.configs.schema import CORRECTNESS, ConfigError, ModelConfig, RewardSpec, SFTStageConfig
 from grpo_pipeline.tasks.core.chat import conversational_dataset
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
@@ -26,6 +27,7 @@ if TYPE_CHECKING:  # the training libraries load when SFT runs, not when a cache
 
 
 PROBE_MODULE = "grpo_pipeline.tasks.training.probe"
+BAR_PROBE = Sampling(temperature=None, max_new_tokens=64)  # the bar's probe completions unless told: greedy, plain
 
 
 def _bar_code(params: Mapping[str, Any]) -> dict[str, str]:
@@ -33,9 +35,10 @@ def _bar_code(params: Mapping[str, Any]) -> dict[str, str]:
     probe is imported by name (`bar_probe`), so that without the bar a reward edit does not rerun SFT."""
     if params["cfg"].stop_at_accuracy is None:
         return {}
+    sampling = params.get("probe_sampling", BAR_PROBE)
     return {
         "probe": code_version(PROBE_MODULE),
-        **user_code([params["correctness_reward"].name, *params.get("tools", ()), params.get("environment") or ""]),
+        **user_code([params["correctness_reward"].name, *sampling.tools, sampling.environment or ""]),
     }
 
 
@@ -49,22 +52,18 @@ def sft_warmup(
     ctx: RunContext,
     probe: Ref | None = None,
     correctness_reward: RewardSpec = CORRECTNESS,
-    probe_tokens: int = 64,
-    tools: tuple[str, ...] = (),
-    max_tool_turns: int = 1,
-    environment: str | None = None,
-    tool_params: dict[str, dict[str, Any]] | None = None,
+    probe_sampling: Sampling = BAR_PROBE,
     *,
     out: Path,
 ) -> Checkpoint:
     """Fine-tune `base` on the training split; returns the saved checkpoint (with its MLflow run id).
 
     With `cfg.stop_at_accuracy` and `probe` (the probe split), greedy accuracy on `probe` (judged by
-    `correctness_reward`, completions of up to `probe_tokens` tokens) is measured every `cfg.probe_every_steps`
-    steps, and SFT ends at the first probe that reaches the bar; the checkpoint's `notes` say where it ended. With
-    `tools` (eval.tools, built with `tool_params`) or `environment` (eval.environment) each probe completion is an
-    episode of at most `max_tool_turns` calls, as evaluation runs it: an SFT that learned to call is measured with
-    the tool's results, not cut at its first call."""
+    `correctness_reward`, completions as `probe_sampling` makes them: evaluation's, decoded greedily) is measured
+    every `cfg.probe_every_steps` steps, and SFT ends at the first probe that reaches the bar; the checkpoint's
+    `notes` say where it ended. With tools or an environment in `probe_sampling`, each probe completion is an
+    episode, as evaluation runs it: an SFT that learned to call is measured with the tool's results, not cut at its
+    first call."""
     from trl import SFTTrainer
 
     dataset = load_split(train.require(), ["prompt", "completion"])
@@ -76,17 +75,7 @@ def sft_warmup(
             args=sft_args(cfg, common, ctx.num_processes),
             train_dataset=train_dataset,
             processing_class=tokenizer,
-            callbacks=bar_probe(
-                cfg,
-                tokenizer,
-                probe,
-                correctness_reward,
-                probe_tokens,
-                notes,
-                (tools, max_tool_turns),
-                environment,
-                tool_params,
-            ),
+            callbacks=bar_probe(cfg, tokenizer, probe, correctness_reward, probe_sampling, notes),
             **adapter_args(model_cfg),
         )
 
@@ -130,14 +119,11 @@ def bar_probe(
     tokenizer: PreTrainedTokenizerBase,
     probe: Ref | None,
     correctness_reward: RewardSpec,
-    probe_tokens: int,
+    sampling: Sampling,
     notes: list[str],
-    tools: tuple[tuple[str, ...], int] = ((), 1),
-    environment: str | None = None,
-    tool_params: dict[str, dict[str, Any]] | None = None,
 ) -> list[TrainerCallback]:
-    """The probe that ends SFT at `cfg.stop_at_accuracy` (none without the bar); `tools` (names, turn limit), their
-    `tool_params` and `environment` make its completions tool episodes (agents/loops.py `eval_tool_loop`)."""
+    """The probe that ends SFT at `cfg.stop_at_accuracy` (none without the bar), on `sampling`'s completions (tool
+    episodes where it has tools or an environment, agents/loops.py `eval_tool_loop`)."""
     if cfg.stop_at_accuracy is None:
         return []
     if probe is None:
@@ -148,8 +134,7 @@ def bar_probe(
     module = importlib.import_module(PROBE_MODULE)  # with its tool loops (agents/), keyed only with the bar
     return [
         module.HeldOutAccuracyProbe(
-            rows, tokenizer, cfg.probe_every_steps, probe_tokens, correctness_reward,
+            rows, tokenizer, cfg.probe_every_steps, sampling, correctness_reward,
             notes=notes, stop_at=cfg.stop_at_accuracy, steps_after_bar=cfg.steps_after_bar,
-            tools=module.eval_tool_loop(*tools, tokenizer, environment, tool_params),
         )
     ]  # fmt: skip

@@ -19,7 +19,10 @@ from typing import Any
 import pandas as pd
 import torch
 
+from grpo_pipeline.configs.sampling import Sampling
 from grpo_pipeline.configs.schema import CORRECTNESS
+
+PLAIN = Sampling(temperature=None, max_new_tokens=4)  # the probe's completions: greedy, 4 tokens, no tools
 
 
 @dataclass
@@ -60,7 +63,7 @@ def probe_callback(rows: int, **kwargs: Any):
     from grpo_pipeline.tasks.training.probe import HeldOutAccuracyProbe
 
     frame = pd.DataFrame({"prompt": [f"p{i}" for i in range(rows)], "answer": ["0"] * rows})
-    return HeldOutAccuracyProbe(frame, None, kwargs.pop("every_steps", 1), 4, CORRECTNESS, **kwargs)
+    return HeldOutAccuracyProbe(frame, None, kwargs.pop("every_steps", 1), PLAIN, CORRECTNESS, **kwargs)
 
 
 def run_probe(probe, model: StepModel, max_steps: int, args: Args | None = None, first_step: int = 0,

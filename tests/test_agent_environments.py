@@ -18,11 +18,13 @@ from grpo_pipeline.agents.chat_tools import ChatToolLoop
 from grpo_pipeline.agents.episodes import episode_stats
 from grpo_pipeline.agents.loops import eval_tool_loop
 from grpo_pipeline.agents.registry import ToolError, UserToolLimits
+from grpo_pipeline.configs.sampling import Sampling
 from grpo_pipeline.tasks.core.chat import encode_messages
 from grpo_pipeline.tasks.scoring.episodes import EpisodeGenerator
 from tests.agent_models import qwen_tool_model
 
 HERE = "tests.test_agent_environments"
+ENV_EPISODES = Sampling(temperature=None, max_new_tokens=8, environment=f"{HERE}:CalcEnv")  # no tools of its own
 QUESTION = [{"role": "user", "content": "What is 2+3?"}]
 ROWS = [{"prompt": encode_messages(QUESTION), "answer": "5"}, {"prompt": encode_messages(QUESTION), "answer": "5"}]
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call><|im_end|>'
@@ -190,7 +192,7 @@ def test_an_environment_on_a_model_without_a_tool_template_is_refused() -> None:
     from grpo_pipeline.tasks.training.tiny_model import build_tokenizer
 
     with pytest.raises(ToolError, match=r"eval\.environment"):
-        eval_tool_loop([], 1, build_tokenizer(), f"{HERE}:CalcEnv")
+        eval_tool_loop(ENV_EPISODES, build_tokenizer())
 
 
 def test_evaluation_reports_the_environment_reward(model_dir: Path, tmp_path: Path) -> None:
@@ -220,8 +222,8 @@ def test_sft_bar_probe_gets_the_environment(tokenizer, tmp_path: Path) -> None:
 
     pd.DataFrame(ROWS).to_parquet(tmp_path / "probe.parquet")
     probe = Ref(path=str(tmp_path / "probe.parquet"), fingerprint="x")
-    (callback,) = bar_probe(SFTStageConfig(stop_at_accuracy=0.5), tokenizer, probe, CORRECTNESS, 8, [],
-                            ((), 2), f"{HERE}:CalcEnv")  # fmt: skip
+    sampling = ENV_EPISODES.model_copy(update={"max_tool_turns": 2})
+    (callback,) = bar_probe(SFTStageConfig(stop_at_accuracy=0.5), tokenizer, probe, CORRECTNESS, sampling, [])
     assert isinstance(callback.tools, ChatToolLoop) and callback.tools.environment == f"{HERE}:CalcEnv"
 
 
@@ -238,11 +240,11 @@ def test_the_probe_and_the_difficulty_filter_run_the_environment(model_dir: Path
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     RESETS.clear()
-    loop = eval_tool_loop([], 1, tokenizer, f"{HERE}:CalcEnv")
+    loop = eval_tool_loop(ENV_EPISODES, tokenizer)
     assert len(greedy_correct(model, tokenizer, rows, build_reward("correctness"), 8, loop)) == 2
     assert len(RESETS) == 2
-    rollouts = Rollouts(temperature=1.0, top_p=1.0, max_new_tokens=8, batch_size=4, correctness_reward=CORRECTNESS,
-                        environment=f"{HERE}:CalcEnv")  # fmt: skip
+    sampled = ENV_EPISODES.model_copy(update={"temperature": 1.0})
+    rollouts = Rollouts(sampling=sampled, batch_size=4, correctness_reward=CORRECTNESS)
     policy = Checkpoint(path=str(model_dir), fingerprint="x")
     assert [scored for _, scored in pass_rates(policy, rows, 2, rollouts, 0, "test")] == [2, 2]
     assert len(RESETS) == 2 + 4

@@ -13,6 +13,7 @@ import pytest
 from grpo_pipeline.agents.chat_tools import ChatToolLoop, tool_suffix_ids, turn_limit_hits
 from grpo_pipeline.agents.episodes import conversation, hf_generate
 from grpo_pipeline.agents.loops import eval_tool_loop
+from grpo_pipeline.configs.sampling import Sampling
 from grpo_pipeline.tasks.scoring.episodes import EpisodeGenerator
 from tests.agent_models import qwen_tool_model
 
@@ -50,7 +51,9 @@ def scripted(tokenizer, script: dict[str, str]):
 
 
 def episode(tokenizer, script: dict[str, str], max_turns: int = 2, budget: int = 200):
-    loop = eval_tool_loop(["calculator"], max_turns, tokenizer)
+    loop = eval_tool_loop(
+        Sampling(temperature=None, max_new_tokens=8, tools=("calculator",), max_tool_turns=max_turns), tokenizer
+    )
     assert isinstance(loop, ChatToolLoop)  # a template that carries tool calls gets TRL's loop, not the text one
     ids = loop.prompt_ids(tokenizer, [QUESTION])
     assert "calculator" in tokenizer.decode(ids[0])  # the tools' schemas are in the prompt, as in training

@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
+from grpo_pipeline.configs.sampling import Sampling
 from grpo_pipeline.configs.schema import (
     ConfigError,
     DifficultyFilterConfig,
@@ -163,7 +164,7 @@ def _own_store(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def rollouts(reward: str) -> Rollouts:
     return Rollouts(
-        temperature=1.0, top_p=1.0, max_new_tokens=4, batch_size=64, correctness_reward=RewardSpec(name=reward)
+        sampling=Sampling(temperature=1.0, max_new_tokens=4), batch_size=64, correctness_reward=RewardSpec(name=reward)
     )
 
 

@@ -135,7 +135,7 @@ def evaluation_episodes(model_dir: Path, cfg: GRPOStageConfig) -> tuple[dict[str
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     model.generate = scripted_generate(tokenizer)
-    loop = eval_tool_loop(cfg.tools, cfg.max_tool_turns, tokenizer)
+    loop = eval_tool_loop(cfg.sampling, tokenizer)
     generator = EpisodeGenerator(model, tokenizer, loop)
     prompts = [encode_messages([{"role": "user", "content": q}]) for q in SCRIPT]
     generator(prompts, max_new_tokens=BUDGET, batch_size=4)

@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 import torch
 
+from grpo_pipeline.configs.sampling import Sampling
 from grpo_pipeline.configs.schema import ConfigError, RewardSpec, load_config
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.core.stage import RunContext
@@ -330,7 +331,8 @@ def test_sft_ends_at_the_first_probe_that_reaches_its_bar(taught):
     overrides = ["sft.max_steps=400", "sft.stop_at_accuracy=0.25", "sft.probe_every_steps=10", "sft.probe_problems=8"]
     cfg = load_config(None, [*TINY, f"run_dir={taught.run_dir}", *overrides])
     base = prepare_base_model(cfg.model, cfg.run_dir, cfg.seed)
-    policy = sft_warmup(base, taught.train, cfg.sft, cfg.model, taught.ctx, probe=taught.probe, probe_tokens=4)
+    policy = sft_warmup(base, taught.train, cfg.sft, cfg.model, taught.ctx, probe=taught.probe,
+                         probe_sampling=Sampling(temperature=None, max_new_tokens=4))  # fmt: skip
     history = probe_history(policy)
     ended = max(history)
     assert ended < 400 and history[ended] >= 0.25  # stopped at the bar, far short of the cap
@@ -379,7 +381,7 @@ def test_the_sft_bar_needs_a_probe_split():
 
     cfg = load_config(None, ["sft.stop_at_accuracy=0.5"])
     with pytest.raises(ConfigError, match=r"sft.stop_at_accuracy needs the probe split"):
-        bar_probe(cfg.sft, None, None, "correctness", 4, [])
+        bar_probe(cfg.sft, None, None, "correctness", cfg.eval.sampling.greedy(), [])
 
 
 def test_the_bar_keys_sft_on_the_probe_and_reward_code_only_when_set():

@@ -344,7 +344,7 @@ def test_the_tools_recipe_rehearses_on_qwens_own_tool_template(shared_data, tmp_
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.base)
     assert tokenizer.chat_template == qwen2_5_chat_template  # as Qwen2.5-Instruct's, tool branches included
     check_tokenizer(tokenizer)  # TRL's loop runs through it: calls rendered, parsed back, prefixes kept
-    assert isinstance(eval_tool_loop(cfg.eval.tools, cfg.eval.max_tool_turns, tokenizer), ChatToolLoop)
+    assert isinstance(eval_tool_loop(cfg.eval.sampling, tokenizer), ChatToolLoop)
     assert cfg.eval.tools == cfg.grpo.tools == ["python"]
     assert any(line.startswith("tool calls (python): the episodes ran") for line in cfg.rehearsal.not_rehearsed)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from grpo_pipeline.configs.schema import HELDOUT, EvalConfig, load_config
+from grpo_pipeline.flows.grpo_pipeline import sft_bar
 from grpo_pipeline.tasks.core import stage as stage_mod
 from grpo_pipeline.tasks.core.common import Checkpoint, DatasetRefs, Ref
 from grpo_pipeline.tasks.core.stage import RunContext, code_version, module_closure, user_code
@@ -49,7 +50,8 @@ def stage_keys(overrides: list[str], run_dir: str = "/tmp/runs") -> dict[str, st
     )
     key("validate", validate_data, data, cfg.data)
     base = Checkpoint(path="base", fingerprint=key("base", prepare_base_model, cfg.model, cfg.run_dir, cfg.seed))
-    sft = Checkpoint(path="sft", fingerprint=key("sft", sft_warmup, base, data.train, cfg.sft, cfg.model, ctx))
+    bar = sft_bar(cfg, data)  # what SFT's probe reads, with sft.stop_at_accuracy
+    sft = Checkpoint(path="sft", fingerprint=key("sft", sft_warmup, base, data.train, cfg.sft, cfg.model, ctx, **bar))
 
     def evaluated(label: str, policy: Checkpoint) -> EvalResult:
         suite = cfg.eval.for_suite(HELDOUT)
@@ -117,7 +119,7 @@ def rerun(before: dict[str, str], after: dict[str, str]) -> list[str]:
         # the rewards' means are eval metrics too
         ("grpo.rewards=[{name: correctness}]", ["eval-sft", "grpo-r1", "eval-r1", "register-r1"]),
         ("eval.n_samples=16", ["eval-sft", "eval-r1", "register-r1"]),
-        ("eval.correctness_reward=digit_match", ["eval-sft", "grpo-r1", "eval-r1", "register-r1"]),  # GRPO's probe
+        ("eval.correctness_reward=digit_match", ALL[3:]),  # SFT's bar (sft.stop_at_accuracy) and GRPO's probe
         ("registry.model_name=other", ["register-r1"]),
         ("registry.min_delta=0.01", ["register-r1"]),
         ("registry.experiment=other", ALL[3:]),  # the MLflow runs move to another experiment
@@ -138,6 +140,19 @@ def test_adding_a_suite_reruns_no_other_evaluation() -> None:
     assert rerun(stage_keys([]), stage_keys([extra])) == []
     other = "eval.suites=[{name: heldout}, {name: units, source: synthetic, synthetic: {max_digits: 1}, n_samples: 16}]"
     assert rerun(stage_keys([extra]), stage_keys([other])) == []
+
+
+@pytest.mark.parametrize(
+    ("override", "reruns_sft"),
+    [("eval.max_new_tokens=12", True), ("eval.tools=[calculator]", True), ("eval.temperature=0.5", False),
+     ("eval.top_p=0.9", False), ("grpo.max_completion_tokens=12", False)],
+)  # fmt: skip
+def test_the_sft_bar_is_keyed_by_the_completions_its_probe_decodes(override: str, reruns_sft: bool) -> None:
+    """With sft.stop_at_accuracy (the recipe's), SFT's probe reads evaluation's completions (eval.sampling) decoded
+    greedily: their length and tools rerun SFT; pass@k's sampling settings and GRPO's rollouts do not."""
+    assert (stage_keys([])["sft"] != stage_keys([override])["sft"]) is reruns_sft
+    unbarred = ["sft.stop_at_accuracy=null"]
+    assert stage_keys(unbarred)["sft"] == stage_keys([*unbarred, override])["sft"]  # without it, none keys SFT
 
 
 def test_unchanged_config_keeps_every_key() -> None:
@@ -315,7 +330,7 @@ def test_user_correctness_reward_keys_evaluation_too(user_module: Path):
     override = "eval.correctness_reward=my_rewards:score"
     before = stage_keys([override])
     user_module.write_text(user_module.read_text() + "\n# edited\n")
-    assert rerun(before, stage_keys([override])) == ["eval-sft", "grpo-r1", "eval-r1", "register-r1"]
+    assert rerun(before, stage_keys([override])) == ALL[3:]  # SFT's bar probe scores with it too
 
 
 def test_user_code_fingerprints_only_dotted_paths(user_module: Path):

@@ -189,20 +189,22 @@ def test_the_sft_bar_and_the_difficulty_filter_run_episodes_with_the_recipes_too
 
     cfg = load_config(Path(__file__).parents[1] / "configs" / "tiny-tools.yaml", ["sft.stop_at_accuracy=0.9"])
     bar = sft_bar(cfg, SimpleNamespace(probe=None))
-    assert (bar["tools"], bar["max_tool_turns"]) == (("calculator",), 1)  # what evaluation runs
+    sampling = bar["probe_sampling"]
+    assert (sampling.tools, sampling.max_tool_turns, sampling.temperature) == (("calculator",), 1, None)  # greedy
     rows = pd.DataFrame({"prompt": ["12+7=", "3+4="], "answer": ["19", "7"]})
     rows.to_parquet(tmp_path / "probe.parquet")
     probe = Ref(path=str(tmp_path / "probe.parquet"), fingerprint="x")
-    (callback,) = bar_probe(SFTStageConfig(stop_at_accuracy=0.9), tokenizer, probe, cfg.eval.correctness_reward, 10,
-                            [], (bar["tools"], bar["max_tool_turns"]))  # fmt: skip
+    (callback,) = bar_probe(SFTStageConfig(stop_at_accuracy=0.9), tokenizer, probe, cfg.eval.correctness_reward,
+                            sampling.model_copy(update={"max_new_tokens": 10}), [])  # fmt: skip
     assert callback.tools == CALC
 
     rollouts = Rollouts.of(cfg)
-    assert (rollouts.tools, rollouts.max_tool_turns) == (("calculator",), 1)  # the round's rollouts are episodes
+    assert (rollouts.sampling.tools, rollouts.sampling.max_tool_turns) == (("calculator",), 1)  # episodes
     ran: list[int] = []
     episodes = TextToolLoop.episodes
     monkeypatch.setattr(TextToolLoop, "episodes", lambda self, *a, **k: ran.append(1) or episodes(self, *a, **k))
-    small = rollouts.model_copy(update={"max_new_tokens": 10, "batch_size": 4})
+    small = Rollouts(sampling=rollouts.sampling.model_copy(update={"max_new_tokens": 10}), batch_size=4,
+                     correctness_reward=rollouts.correctness_reward)  # fmt: skip
     counts = pass_rates(Checkpoint(path=str(tiny_dir), fingerprint="t"), rows, 2, small, seed=0, label="t")
     assert len(counts) == 2 and all(scored == 2 for _, scored in counts) and ran
 

@@ -31,13 +31,13 @@ from pathlib import Path
 import pandas as pd
 from transformers import TrainerCallback
 
-from grpo_pipeline.agents.loops import ToolLoop, eval_tool_loop  # noqa: F401 (eval_tool_loop: tasks/sft.py)
+from grpo_pipeline.agents.loops import ToolLoop, eval_tool_loop
 from grpo_pipeline.configs.grpo import RewardSpec
+from grpo_pipeline.configs.sampling import Sampling
 from grpo_pipeline.rewards import build_spec
 from grpo_pipeline.tasks.core.common import logger
 from grpo_pipeline.tasks.scoring.curves import PROBE_METRIC
-from grpo_pipeline.tasks.scoring.episodes import EpisodeGenerator
-from grpo_pipeline.tasks.scoring.generation import generate
+from grpo_pipeline.tasks.scoring.episodes import hf_sampler
 from grpo_pipeline.tasks.scoring.items import judge
 from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci
 from grpo_pipeline.tasks.training.checkpoints import START_DIR, start_weights_name
@@ -70,10 +70,7 @@ def greedy_correct(
     tokenizer.padding_side = "left"
     prompts, settings = rows["prompt"].tolist(), {"max_new_tokens": max_new_tokens, "batch_size": len(rows)}
     try:
-        if tools is None:
-            texts = generate(model, tokenizer, prompts, **settings)
-        else:
-            texts, _ = EpisodeGenerator(model, tokenizer, tools, rows.to_dict("records"))(prompts, **settings)
+        texts, _ = hf_sampler(model, tokenizer, tools, rows)(prompts, **settings)
     finally:
         model.train(was_training)
         tokenizer.padding_side = side
@@ -104,7 +101,8 @@ class Probed:
 
 class HeldOutAccuracyProbe(TrainerCallback):
     """Log greedy accuracy on the probe rows when training starts, every `every_steps` steps and at its end (MLflow
-    metric `probe/greedy_accuracy`); keeps the values in `history` as (step, accuracy).
+    metric `probe/greedy_accuracy`); keeps the values in `history` as (step, accuracy). Each completion is decoded
+    greedily at `sampling`'s length, as a tool episode where `sampling` has tools or an environment.
 
     With `keep_best`, the round ends with the weights of its best-probed step (`kept_step`), and `patience` > 0 ends
     it once that many probes in a row have not beaten the best (on the rows the step is chosen by). With
@@ -118,7 +116,7 @@ class HeldOutAccuracyProbe(TrainerCallback):
         rows: pd.DataFrame,
         tokenizer,
         every_steps: int,
-        max_new_tokens: int,
+        sampling: Sampling,
         correctness: RewardSpec,
         keep_best: bool = False,
         patience: int = 0,
@@ -128,14 +126,13 @@ class HeldOutAccuracyProbe(TrainerCallback):
         over_start: bool = False,
         rule: str = "confirm",
         margin: float = 0.0,
-        tools: ToolLoop | None = None,
     ):
         self.rows = rows.reset_index(drop=True)
         self.tokenizer = tokenizer
         self.every_steps = every_steps
-        self.max_new_tokens = max_new_tokens
+        self.max_new_tokens = sampling.max_new_tokens  # greedy: of `sampling`, its length and its episodes
         self.reward = build_spec(correctness)
-        self.tools = tools  # a tool-using policy is probed on its episodes (agents/episodes.py)
+        self.tools = eval_tool_loop(sampling, tokenizer)  # a tool-using policy is probed on its episodes
         self.keep_best = keep_best
         self.stop_at = stop_at  # end training `steps_after_bar` steps after the first probe at or above this accuracy
         self.steps_after_bar = steps_after_bar
