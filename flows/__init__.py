@@ -5,6 +5,7 @@
       stages.py         the stages as Prefect tasks (cache keys, retries) and `Stages`, which runs and records them
       grpo_train.py     one GRPO round as its own deployable flow (grpo-train), for another work pool
       summary.py        the end-of-run summary: one record per stage run and per round
+      summary_tables.py the summary shown: Markdown tables that fit a console, the log's headline, the score table
 
 Importing this package applies the process's environment defaults (grpo_pipeline.tasks.core.runtime) before Prefect
 is imported, so a flow called from plain Python starts its temporary server with the same settings as the CLI.

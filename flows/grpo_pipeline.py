@@ -39,6 +39,7 @@ from grpo_pipeline.flows.stages import (
     validate_data,
 )
 from grpo_pipeline.flows.summary import Round, Summary
+from grpo_pipeline.flows.summary_tables import as_markdown, headline, score_table
 from grpo_pipeline.tasks.core.common import Checkpoint, DatasetRefs, Ref
 from grpo_pipeline.tasks.core.runtime import setup
 from grpo_pipeline.tasks.core.stage import RunContext
@@ -322,13 +323,13 @@ def report(cfg: PipelineConfig, summary: Summary) -> Summary:
     log."""
     if summary.registrations and len(summary.rounds) > 1:
         log_rounds_plot(summary)
-    markdown = summary.to_markdown()
+    markdown = as_markdown(summary)
     create_markdown_artifact(markdown=markdown, key="grpo-pipeline-summary", description="Run summary")
     create_table_artifact(
-        table=summary.score_table(), key="grpo-pipeline-scores", description=f"Scores on every eval suite ({cfg.name})"
+        table=score_table(summary), key="grpo-pipeline-scores", description=f"Scores on every eval suite ({cfg.name})"
     )
     logger = get_run_logger()  # the whole summary is the artifact (and the CLI prints it); the log gets one line
-    logger.info("pipeline finished: %s (summary: artifact grpo-pipeline-summary)", summary.headline())
+    logger.info("pipeline finished: %s (summary: artifact grpo-pipeline-summary)", headline(summary))
     logger.debug("run summary:\n%s", markdown)
     return summary
 

@@ -140,6 +140,7 @@ def _run_pipeline(cfg: PipelineConfig, verbose: bool, summary_json: Path | None)
     # Prefect reads its settings at import time, so the flow is imported only after setup.
     from grpo_pipeline.flows.grpo_pipeline import grpo_pipeline
     from grpo_pipeline.flows.stages import BAD_INPUT
+    from grpo_pipeline.flows.summary_tables import as_markdown
 
     if not verbose:
         for name in ("prefect.flow_runs", "prefect.task_runs"):
@@ -153,7 +154,7 @@ def _run_pipeline(cfg: PipelineConfig, verbose: bool, summary_json: Path | None)
     except Exception as e:  # the flow has logged the traceback; end with one clear line and a non-zero code
         console.print(f"[red]pipeline failed:[/red] {type(e).__name__}: {e}")
         raise typer.Exit(1) from None
-    console.print(Markdown(summary.to_markdown(width=console.width)))  # tables laid out to fit, no header cut
+    console.print(Markdown(as_markdown(summary, width=console.width)))  # tables laid out to fit, no header cut
     if summary_json:
         summary_json.write_text(summary.model_dump_json(indent=2))
     uri = tracking_uri(cfg.run_dir)

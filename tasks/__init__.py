@@ -19,7 +19,7 @@ function usable without Prefect; the Prefect tasks that wrap them live in flows/
       suites.py      prepare_suite: one evaluation suite's problems, loaded, mapped and validated
       sources/       where rows come from: the synthetic tasks, files and Hugging Face datasets, the data contract
       core/          stage keys and output folders, artifact references, MLflow runs, launches, publishing, Hub,
-                     chat prompts, the process defaults
+                     chat prompts, prompt lengths against the model's context, the process defaults
       training/      the trainer scaffold SFT and GRPO share, checkpoints, callbacks, the tiny model
       scoring/       generation, judging and scoring eval items, metrics, chat templates, benchmark formats
       release/       the promotion gate, registered versions, the logged model, model card, lineage

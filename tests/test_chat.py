@@ -175,7 +175,7 @@ def test_a_tokenizer_without_template_is_refused_with_the_fix() -> None:
 def test_input_check_counts_rendered_prompts_and_refuses_a_model_without_template(tmp_path: Path) -> None:
     from grpo_pipeline.configs.schema import EvalConfig, GRPOStageConfig
     from grpo_pipeline.tasks.core.common import Checkpoint
-    from grpo_pipeline.tasks.preflight import context_problems
+    from grpo_pipeline.tasks.core.context_window import context_problems
 
     path = build_tiny_model(TINY, tmp_path / "m", 0)  # 128 positions
     rows = pd.DataFrame({"prompt": [messages("12+7=")], "answer": ["19"], "completion": ["19"]})

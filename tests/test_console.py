@@ -15,6 +15,7 @@ from rich.markdown import Markdown
 
 from grpo_pipeline.configs.schema import ModelConfig
 from grpo_pipeline.flows.summary import RoundRow, ScoreRow, StageRecord, Summary
+from grpo_pipeline.flows.summary_tables import as_markdown, headline, score_groups
 from grpo_pipeline.tasks.core.runtime import LIBRARY_WARNINGS, configure_warnings
 from grpo_pipeline.tasks.release.gate import GateDecision
 from grpo_pipeline.tasks.release.versions import Registration
@@ -108,7 +109,7 @@ def default_like_summary() -> Summary:
 def rendered(summary: Summary, width: int) -> str:
     """The summary as the CLI prints it on a console `width` columns wide."""
     console = Console(width=width, record=True, file=io.StringIO())
-    console.print(Markdown(summary.to_markdown(width=console.width)))
+    console.print(Markdown(as_markdown(summary, width=console.width)))
     return console.export_text()
 
 
@@ -139,13 +140,13 @@ def test_an_80_column_console_truncates_nothing():
 
 
 def test_a_narrow_width_splits_the_score_columns_by_family():
-    groups = default_like_summary().score_groups(width=60)
+    groups = score_groups(default_like_summary().scores, width=60)
     assert [c for g in groups for c in g] == METRICS
     assert ["reward/correctness", "reward/format"] in groups and ["maj_at_1", "maj_at_4", "maj_at_8"] in groups
 
 
 def test_the_log_gets_a_one_line_headline_of_the_summary():
-    line = default_like_summary().headline()
+    line = headline(default_like_summary())
     assert "\n" not in line
     assert line.startswith("accuracy: sft 0.786, grpo round 1 1.000; registered tiny-arith-grpo v1 -> champion")
     assert line.endswith("; 148 s")
@@ -153,6 +154,6 @@ def test_the_log_gets_a_one_line_headline_of_the_summary():
 
 def test_round_notes_are_listed_after_the_health_part():
     summary = default_like_summary().model_copy(update={"notes": [[], ["saturated at step 40: 95% of the groups"]]})
-    text = summary.to_markdown()
+    text = as_markdown(summary)
     assert "Round notes:\n\n- round 2: saturated at step 40: 95% of the groups" in text
-    assert "Round notes" not in default_like_summary().to_markdown()  # none to say: no heading
+    assert "Round notes" not in as_markdown(default_like_summary())  # none to say: no heading

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from grpo_pipeline.configs.schema import EvalConfig, PipelineConfig, RegistryConfig
 from grpo_pipeline.flows.summary import Round, Summary
+from grpo_pipeline.flows.summary_tables import as_markdown, score_table
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.release.card import model_card
 from grpo_pipeline.tasks.release.gate import GateDecision
@@ -52,11 +53,11 @@ def test_the_summary_shows_denominators_and_the_reason(tmp_path):
     assert round1.accuracy == 1.0 and round1.unscored["accuracy"] == 1
     policy = Checkpoint(path=str(tmp_path), fingerprint="c" * 64, stage="grpo-round1")
     summary = Summary.build(PipelineConfig(), [], baseline, [Round(index=1, policy=policy, result=round1)])
-    text = summary.to_markdown()
+    text = as_markdown(summary)
     assert "1.000 [1.000, 1.000] (over 3 of 4)" in text
     assert "- grpo round 1: unscored: 3 of 12 completions" in text and REASON in text
     assert "sft: unscored" not in text
-    table = summary.score_table()
+    table = score_table(summary)
     assert table[1]["unscored/accuracy"] == 1 and table[0]["unscored/accuracy"] == 0
 
 
@@ -86,7 +87,7 @@ def test_the_rounds_table_leaves_unscored_items_out_of_its_counts_and_changes(tm
     assert (sft.n, first.n, second.n) == (4, 3, 3) and first.items == 4
     assert first.value == 1.0 and first.change == 1 / 3  # items 0, 2, 3: 1->1, 0->1, 1->1
     assert second.change == 0.0 and second.change_ci == (0.0, 0.0)  # items 2, 3: scored by both rounds, 1->1
-    text = summary.to_markdown()
+    text = as_markdown(summary)
     assert "nan" not in text
     assert "over the same 4 items, those both models scored):" in text
     assert "| grpo round 1 | 1.000 (over 3 of 4) | +0.333 [" in text

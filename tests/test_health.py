@@ -370,16 +370,17 @@ def test_gate_keeps_an_unhealthy_round_challenger_unless_allowed():
 
 def test_run_summary_lists_each_rounds_alarms_or_says_all_were_healthy():
     from grpo_pipeline.flows.summary import Summary
+    from grpo_pipeline.flows.summary_tables import as_markdown, health_lines
 
     def summary(health: list[list[str]]) -> Summary:
         return Summary(recipe="r", config_hash="c", stages=[], scores=[], registrations=[], eval_settings={},
                        health=health)  # fmt: skip
 
-    assert "Training health: all 2 GRPO round(s) healthy, no alarm" in summary([[], []]).to_markdown()
+    assert "Training health: all 2 GRPO round(s) healthy, no alarm" in as_markdown(summary([[], []]))
     alarm = "kl at step 60: mean per-token KL to the reference over steps 41-60 is 3.1, above monitors.kl_max=1.0"
-    lines = summary([[], [alarm]]).health_lines()
+    lines = health_lines(summary([[], [alarm]]).health)
     assert lines[2:] == ["- round 1: healthy", "- round 2: 1 alarm(s)", f"  - {alarm}"]
-    assert "Training health" not in summary([]).to_markdown()  # no GRPO round ran
+    assert "Training health" not in as_markdown(summary([]))  # no GRPO round ran
 
 
 # ----------------------------------------------------------------------------- each alarm, provoked for real

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from grpo_pipeline.configs.schema import EvalConfig, RegistryConfig, load_config
 from grpo_pipeline.flows.summary import Summary
+from grpo_pipeline.flows.summary_tables import as_markdown, score_columns, score_table
 from grpo_pipeline.tasks.core.common import Checkpoint
 from grpo_pipeline.tasks.release.card import model_card
 from grpo_pipeline.tasks.release.gate import GateDecision
@@ -36,13 +37,13 @@ def test_the_summary_shows_tool_use_in_a_table_of_its_own(tmp_path: Path) -> Non
     sft = {"tools/greedy_call_frequency": 0.5, "tools/sampled_call_frequency": 0.4}
     scores = result(0.625, sft, tmp_path / "items.jsonl")
     summary = Summary.build(cfg, [], scores, [], scores_of={"sft": {"heldout": scores}})
-    text = summary.to_markdown()
+    text = as_markdown(summary)
     assert "Tool use (greedy / sampled episodes" in text
     assert "| sft | 0.50 / 0.40 | - / - |" in text
-    assert "tools/" not in " ".join(summary.score_columns())  # not among the scores
-    assert summary.score_table()[0]["tools/greedy_call_frequency"] == 0.5  # the Prefect table keeps them
+    assert "tools/" not in " ".join(score_columns(summary.scores))  # not among the scores
+    assert score_table(summary)[0]["tools/greedy_call_frequency"] == 0.5  # the Prefect table keeps them
     plain = scores.model_copy(update={"tools": {}})
-    assert "Tool use" not in Summary.build(cfg, [], plain, [], scores_of={"sft": {"heldout": plain}}).to_markdown()
+    assert "Tool use" not in as_markdown(Summary.build(cfg, [], plain, [], scores_of={"sft": {"heldout": plain}}))
 
 
 def test_the_table_gives_each_reading_greedy_and_sampled() -> None:

@@ -6,6 +6,7 @@ core/
   runtime.py      the process defaults (Prefect's settings, logging, warnings, import paths) every entry point applies
   tracking.py     MLflow: the tracking URI, runs, a reachable server, the registry lock
   chat.py         chat prompts: messages stored in the data, rendered with the model's chat template
+  context_window.py  prompts and what follows them (rollouts, eval completions, SFT targets) against the context
   hub.py          Hugging Face Hub models and datasets: offline, unreachable, not there; local model paths
   python_ast.py   `ast.parse` that holds when other threads parse at the same time
   jobs.py         a stage call as data (module, stage, arguments), rebuilt in another process

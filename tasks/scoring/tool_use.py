@@ -1,4 +1,4 @@
-"""A tool-using policy's episodes in words and tables, for the run summary (flows/summary.py) and the model card
+"""A tool-using policy's episodes in words and tables, for the run summary (flows/summary_tables.py) and the model card
 (tasks/release/card.py): both read `EvalResult.tools` (agents/episodes.py `episode_stats`, greedy and sampled)."""
 
 from __future__ import annotations
