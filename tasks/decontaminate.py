@@ -274,43 +274,57 @@ def decontaminate(
         return Decontamination(train=train, dropped={}, num_rows=num_rows, ngram=ngram, mode=mode, split=split)
     df = pd.read_parquet(train.require())
     prompts = df["prompt"].tolist()
-    templates = templates or {}
+    hits = _hits(prompts, suites, templates or {}, ngram)
+    dropped = {name: len(found) for name, found in hits.items()}
+    rows = tuple(sorted({row for found in hits.values() for row in found}))
+    result = Decontamination(
+        train=train, dropped=dropped, rows=rows, num_rows=len(df), ngram=ngram, mode=mode, split=split
+    )
+    if not rows:
+        logger.info(result.line())
+        return result
+    _refuse(result, prompts, hits)
+    result = result.model_copy(update={"train": _kept(df, rows, out)})
+    logger.warning("%s; the first:\n%s", result.line(), _offenders(prompts, hits, rows, split))
+    return result
+
+
+def _hits(
+    prompts: Sequence[str], suites: Mapping[str, Ref], templates: Mapping[str, str], ngram: int
+) -> dict[str, list[int]]:
+    """`contaminated` on what each side asks: every prompt without its side's template (`train`, or the suite's
+    name), the suites' prompts read from their files."""
     asked = [question(p, templates.get("train", "{prompt}")) for p in prompts]
     benchmark = {
         name: [question(p, templates.get(name, "{prompt}")) for p in pd.read_parquet(ref.require())["prompt"]]
         for name, ref in suites.items()
     }
-    hits = contaminated(asked, benchmark, ngram)
-    rows = tuple(sorted({row for found in hits.values() for row in found}))
-    result = Decontamination(
-        train=train,
-        dropped={name: len(found) for name, found in hits.items()},
-        rows=rows,
-        num_rows=len(df),
-        ngram=ngram,
-        mode=mode,
-        split=split,
-    )
-    if not rows:
-        logger.info(result.line())
-        return result
-    if mode == "error":
+    return contaminated(asked, benchmark, ngram)
+
+
+def _refuse(result: Decontamination, prompts: Sequence[str], hits: Mapping[str, list[int]]) -> None:
+    """Stop the run (DataError) when the overlapping rows may not be dropped: mode 'error' asks to stop, and rows
+    that all overlap would leave nothing to train on."""
+    rows, num_rows, ngram, split = result.rows, result.num_rows, result.ngram, result.split
+    if result.mode == "error":
         raise DataError(
-            f"{len(rows)} of {len(df)} {split} rows overlap benchmark prompts ({result.overlaps()}; {ngram}-word "
+            f"{len(rows)} of {num_rows} {split} rows overlap benchmark prompts ({result.overlaps()}; {ngram}-word "
             f"n-grams):\n{_offenders(prompts, hits, rows, split)}\nRemove them from the data source, or set "
             f"data.decontaminate=drop to leave them out of the {split} rows"
         )
-    if len(rows) == len(df):
+    if len(rows) == num_rows:
         raise DataError(
-            f"every one of the {len(df)} {split} rows overlaps benchmark prompts ({result.overlaps()}; {ngram}-word "
+            f"every one of the {num_rows} {split} rows overlaps benchmark prompts ({result.overlaps()}; {ngram}-word "
             f"n-grams), so none is left: are the suites the {split} data itself? Check eval.suites "
             "and the data source, or set data.decontaminate=off"
         )
+
+
+def _kept(df: pd.DataFrame, rows: Sequence[int], out: Path) -> Ref:
+    """The rows of `df` not in `rows` (renumbered from 0), written atomically to `out/train.parquet`."""
     dropped = set(rows)
     kept = df.iloc[[i not in dropped for i in range(len(df))]].reset_index(drop=True)
     with atomic_dir(out) as tmp:
         kept.to_parquet(tmp / "train.parquet", index=False)
     path = out / "train.parquet"
-    result = result.model_copy(update={"train": Ref(path=str(path), fingerprint=fingerprint_path(path))})
-    logger.warning("%s; the first:\n%s", result.line(), _offenders(prompts, hits, rows, split))
-    return result
+    return Ref(path=str(path), fingerprint=fingerprint_path(path))

@@ -43,7 +43,8 @@ from grpo_pipeline.tasks.core.tracking import (
     tracking_uri,
 )
 from grpo_pipeline.tasks.release.card import model_card, trained_tools
-from grpo_pipeline.tasks.release.gate import ITEMS_ARTIFACT, GateDecision, decide, suite_items_artifact, suite_tags
+from grpo_pipeline.tasks.release.champion import ITEMS_ARTIFACT, suite_items_artifact, suite_tags
+from grpo_pipeline.tasks.release.gate import GateDecision, decide
 from grpo_pipeline.tasks.release.lineage import provenance_tags
 from grpo_pipeline.tasks.scoring.curves import CURVE_ARTIFACT, PROBE_METRIC, learning_curve_figure, metric_history
 from grpo_pipeline.tasks.scoring.evaluation import EvalResult

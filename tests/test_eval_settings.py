@@ -14,7 +14,7 @@ import pytest
 from grpo_pipeline.configs.schema import EvalConfig, RewardSpec, TinyModelConfig
 from grpo_pipeline.tasks.core.common import Ref, fingerprint_path
 from grpo_pipeline.tasks.core.stage import RunContext
-from grpo_pipeline.tasks.release import gate
+from grpo_pipeline.tasks.release import champion
 from grpo_pipeline.tasks.release.lineage import provenance_tags
 from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, EvalResult, evaluate_model, scorer_version, summarize
 from grpo_pipeline.tasks.scoring.generation import generate
@@ -100,30 +100,30 @@ def test_the_gate_scores_the_champion_again_after_a_change_of_scorer(tmp_path, m
         rescored.append(cfg)
         return SimpleNamespace(items=lambda: pd.DataFrame({"id": ["rescored"]}))
 
-    monkeypatch.setattr(gate, "_logged_items", lambda run_id, artifact=gate.ITEMS_ARTIFACT: logged)
-    monkeypatch.setattr(gate, "evaluate_model", fake_evaluate)
-    monkeypatch.setattr(gate, "fetch_registered", lambda version, run_dir, out: out)
+    monkeypatch.setattr(champion, "_logged_items", lambda run_id, artifact=champion.ITEMS_ARTIFACT: logged)
+    monkeypatch.setattr(champion, "evaluate_model", fake_evaluate)
+    monkeypatch.setattr(champion, "fetch_registered", lambda version, run_dir, out: out)
     ctx = RunContext(run_dir=str(tmp_path), experiment="e", recipe="r", seed=0)
     scored_before = result(tmp_path, rewards=[RewardSpec(name="overlong", params={"max_len": 8, "cache_len": 4})])
-    champion = FakeVersion(tags=provenance_tags(scored_before), run_id="run", version="1", name="m")
+    current = FakeVersion(tags=provenance_tags(scored_before), run_id="run", version="1", name="m")
 
     same = result(tmp_path, rewards=[RewardSpec(name="overlong", params={"max_len": 8, "cache_len": 4})])
-    assert gate.champion_items(None, champion, same, ctx) is logged and not rescored
+    assert champion.champion_items(None, current, same, ctx) is logged and not rescored
 
     changed = result(tmp_path, rewards=[RewardSpec(name="overlong", params={"max_len": 16, "cache_len": 4})])
-    assert list(gate.champion_items(None, champion, changed, ctx)["id"]) == ["rescored"]
+    assert list(champion.champion_items(None, current, changed, ctx)["id"]) == ["rescored"]
     other_scorer = result(tmp_path, EVAL.model_copy(update={"correctness_reward": RewardSpec(name="digit_match")}))
-    assert list(gate.champion_items(None, champion, other_scorer, ctx)["id"]) == ["rescored"]
+    assert list(champion.champion_items(None, current, other_scorer, ctx)["id"]) == ["rescored"]
     # a champion registered before the scorer was recorded has none of its keys: scored again too
     scorer_keys = ("eval_correctness_reward", "eval_rewards", "eval_scorer_version", "eval_items_version")
-    old_tags = {k: v for k, v in champion.tags.items() if k not in scorer_keys}
+    old_tags = {k: v for k, v in current.tags.items() if k not in scorer_keys}
     old = FakeVersion(tags=old_tags, run_id="run", version="1", name="m")
-    assert list(gate.champion_items(None, old, same, ctx)["id"]) == ["rescored"]
+    assert list(champion.champion_items(None, old, same, ctx)["id"]) == ["rescored"]
     # the same items sampled by another generator (vLLM, another dtype or vLLM version): scored again
     for generation in ({"backend": "vllm", "dtype": "bfloat16", "vllm_version": "0.32.0"},
                        {"backend": "hf", "dtype": "bfloat16"}):  # fmt: skip
         sampled_otherwise = same.model_copy(update={"generation": generation})
-        assert list(gate.champion_items(None, champion, sampled_otherwise, ctx)["id"]) == ["rescored"]
+        assert list(champion.champion_items(None, current, sampled_otherwise, ctx)["id"]) == ["rescored"]
     assert len(rescored) == 5
 
 

@@ -33,13 +33,8 @@ from grpo_pipeline.tasks.core.common import Ref
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.core.tracking import configure_mlflow, gate_limit_name, registry_lock, unreachable
 from grpo_pipeline.tasks.register import register_policy
-from grpo_pipeline.tasks.release.gate import (
-    MIN_SCORED_ITEMS,
-    GateDecision,
-    current_champion,
-    decide,
-    item_metric,
-)
+from grpo_pipeline.tasks.release.champion import current_champion
+from grpo_pipeline.tasks.release.gate import MIN_SCORED_ITEMS, GateDecision, decide, item_metric
 from grpo_pipeline.tasks.release.versions import REGISTRATION_TAG
 from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, EvalResult, summarize
 from grpo_pipeline.tasks.scoring.items import item_id

@@ -24,7 +24,8 @@ from grpo_pipeline.configs.schema import (
 from grpo_pipeline.tasks.core.common import Ref, fingerprint_path
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.register import register_policy
-from grpo_pipeline.tasks.release.gate import GateDecision, suite_items_artifact
+from grpo_pipeline.tasks.release.champion import suite_items_artifact
+from grpo_pipeline.tasks.release.gate import GateDecision
 from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, EvalResult, summarize
 from grpo_pipeline.tasks.scoring.items import item_id
 from grpo_pipeline.tasks.sources.contract import DataValidationError

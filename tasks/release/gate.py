@@ -1,10 +1,11 @@
 """The promotion gate: does the challenger beat the champion by more than sampling noise?
 
-Both models are scored on the same eval items (the challenger's eval; the champion's per-item scores logged with
-its run, or a fresh evaluation of the champion on this eval set when it was scored on a different one or with
-different settings). The difference in the gating metric is resampled item by item (paired bootstrap, Efron &
-Tibshirani 1993, ch. 13; `tasks.metrics.paired_bootstrap_ci`), and the challenger is promoted only when the lower
-bound of its 95% interval is above `registry.min_delta`. The first version of a model is the champion.
+Both models are scored on the same eval items (the challenger's eval; the champion's per-item scores logged with its
+run, or a fresh evaluation of the champion on this eval set when it was scored on a different one or with different
+settings: tasks/release/champion.py looks them up). The difference in the gating metric is resampled item by item
+(paired bootstrap, Efron & Tibshirani 1993, ch. 13; `tasks.scoring.metrics.paired_bootstrap_ci`), and the challenger is
+promoted only when the lower bound of its 95% interval is above `registry.min_delta`. The first version of a model is
+the champion.
 
 The gate decides only on evidence. An item whose gating metric is unscored on either side (None or NaN in items.jsonl,
 or no such column or key) is left out of the pairs, and the decision records how many were used (`n`) and left out
@@ -26,20 +27,17 @@ NaN is not one to serve.
 from __future__ import annotations
 
 import json
-import tempfile
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
-from grpo_pipeline.configs.schema import HELDOUT, Metric, RegistryConfig, split_metric
-from grpo_pipeline.tasks.core.common import Ref, logger
+from grpo_pipeline.configs.schema import Metric, RegistryConfig, split_metric
 from grpo_pipeline.tasks.core.stage import RunContext
-from grpo_pipeline.tasks.release.registered import fetch_registered
-from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, EvalResult, evaluate_model
+from grpo_pipeline.tasks.release.champion import champion_items, current_champion
+from grpo_pipeline.tasks.scoring.evaluation import EvalResult
 from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci
 from grpo_pipeline.tasks.training.monitor import alarm_kinds
 
@@ -47,27 +45,13 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities.model_registry import ModelVersion
 
-ITEMS_ARTIFACT = f"eval/{ITEMS_FILE}"  # the gating suite's items
-SUITE_TAG = "suite."  # suite.<name>.<eval setting>: the settings every suite's scores were computed with
 TAG = "gate."
-CHAMPION = "champion"
 # A paired bootstrap on a handful of items gives a percentile interval that is too narrow to mean anything (it
 # undercovers for small n; Efron & Tibshirani 1993, ch. 13): fewer scored items than this decide nothing.
 MIN_SCORED_ITEMS = 10
 # Unscored items are not missing at random (a reward that fails, fails on some completions and not on others), so
 # what remains speaks for the eval set only while the share left out is small.
 MAX_UNSCORED_SHARE = 0.2
-
-
-def suite_items_artifact(suite: str) -> str:
-    """Where a suite's per-item scores are logged on the policy's run."""
-    return f"eval/suites/{suite}/{ITEMS_FILE}"
-
-
-def suite_tags(results: Mapping[str, EvalResult]) -> dict[str, str]:
-    """Every suite's eval settings as version tags (`suite.<name>.eval_fingerprint`, ...): what a later gate checks
-    before it compares its items with these."""
-    return {f"{SUITE_TAG}{name}.{k}": str(v) for name, r in results.items() for k, v in r.settings().items()}
 
 
 class GuardCheck(BaseModel):
@@ -267,32 +251,6 @@ def health_rule(decision: GateDecision, alarms: Sequence[str], cfg: RegistryConf
     return decision.model_copy(update={**update, "reason": f"{decision.reason}; {health}"})
 
 
-def current_champion(client: MlflowClient, model_name: str) -> ModelVersion | None:
-    """The version of `model_name` that holds `champion`, or None when the model or the alias does not exist.
-
-    MLflow 3.17 says "not found" with RESOURCE_DOES_NOT_EXIST for a missing model and with INVALID_PARAMETER_VALUE
-    ("Registered model alias champion not found.", model_registry/sqlalchemy_store.py) for a missing alias; that
-    second code also answers other bad requests, so the model's own aliases confirm it. Any other error (a server
-    error, a refused permission, a store that cannot be read) propagates: it says nothing about the champion."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return client.get_model_version_by_alias(model_name, CHAMPION)
-    except MlflowException as e:
-        if e.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-            raise
-        lookup = e
-    try:
-        aliases = client.get_registered_model(model_name).aliases
-    except MlflowException as e:
-        if e.error_code == "RESOURCE_DOES_NOT_EXIST":
-            return None
-        raise
-    if CHAMPION in aliases:
-        raise lookup  # the alias exists: the lookup failed for another reason
-    return None
-
-
 def _compare(
     client: MlflowClient, cfg: RegistryConfig, result: EvalResult, items: pd.DataFrame, ctx: RunContext
 ) -> GateDecision:
@@ -365,43 +323,3 @@ def _unscored(base: dict, ours: pd.Series, used: pd.Series, reason: str, **again
 def _mean(values: pd.Series) -> float:
     """The mean of `values`, NaN (not a warning) when there are none."""
     return float(values.mean()) if len(values) else float("nan")
-
-
-def champion_items(client: MlflowClient, champion: ModelVersion, result: EvalResult, ctx: RunContext) -> pd.DataFrame:
-    """The champion's per-item scores on `result`'s eval set with `result`'s settings: the ones logged with its run
-    (for the suite, or as its gating suite's) when they match, else a fresh evaluation of the champion (kept under
-    the run directory)."""
-    settings = {k: str(v) for k, v in result.settings().items()}
-    logged_as = [(f"{SUITE_TAG}{result.suite}.", suite_items_artifact(result.suite)), ("", ITEMS_ARTIFACT)]
-    for prefix, artifact in logged_as:
-        if all(champion.tags.get(prefix + k) == v for k, v in settings.items()):
-            logged = _logged_items(champion.run_id, artifact)
-            if logged is not None:
-                return logged
-    logger.info(
-        "scoring champion v%s on this eval set (it was scored on another or with other settings)", champion.version
-    )
-    scratch = Path(ctx.run_dir).resolve() / "champion" / f"{champion.name}-v{champion.version}"
-    model_dir = fetch_registered(champion, ctx.run_dir, scratch / "model")
-    rescored = evaluate_model(
-        str(model_dir),
-        Ref(path=result.eval_path, fingerprint=result.eval_fingerprint),
-        result.config,
-        seed=result.seed,
-        out=scratch / f"eval-{result.eval_fingerprint[:12]}",
-        rewards=result.rewards,
-        label=f"champion v{champion.version}" + ("" if result.suite == HELDOUT else f" on {result.suite}"),
-    )
-    return rescored.items()
-
-
-def _logged_items(run_id: str, artifact: str = ITEMS_ARTIFACT) -> pd.DataFrame | None:
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=artifact, dst_path=tmp)
-        except (MlflowException, OSError):
-            return None
-        return pd.read_json(path, lines=True, dtype=False)

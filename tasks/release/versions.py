@@ -11,7 +11,8 @@ from pydantic import BaseModel
 from grpo_pipeline.configs.schema import RegistryConfig
 from grpo_pipeline.tasks.core.common import logger
 from grpo_pipeline.tasks.release.card import version_description
-from grpo_pipeline.tasks.release.gate import TAG, GateDecision, current_champion
+from grpo_pipeline.tasks.release.champion import current_champion
+from grpo_pipeline.tasks.release.gate import TAG, GateDecision
 
 if TYPE_CHECKING:  # mlflow loads when a version is registered, not when the flow is imported
     from mlflow import MlflowClient
