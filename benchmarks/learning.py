@@ -37,8 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from grpo_pipeline.configs.schema import PipelineConfig, load_config  # noqa: E402
-from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE  # noqa: E402
 from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci  # noqa: E402
+from grpo_pipeline.tasks.scoring.results import ITEMS_FILE  # noqa: E402
 from grpo_pipeline.tasks.sources.synthetic import function_family, needs_carry  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))

@@ -53,7 +53,7 @@ from grpo_pipeline.tasks.difficulty import (
 from grpo_pipeline.tasks.grpo import GRPORound
 from grpo_pipeline.tasks.preflight import check_config
 from grpo_pipeline.tasks.scoring.curves import ROUNDS_ARTIFACT, rounds_figure
-from grpo_pipeline.tasks.scoring.evaluation import EvalResult
+from grpo_pipeline.tasks.scoring.results import EvalResult
 from grpo_pipeline.tasks.suites import suite_sources
 from grpo_pipeline.tasks.training.trainer import check_model_runtime
 from grpo_pipeline.tasks.training.vllm_rollouts import check_vllm_runtime

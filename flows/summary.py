@@ -15,8 +15,8 @@ from grpo_pipeline.tasks.decontaminate import Decontamination
 from grpo_pipeline.tasks.difficulty import DifficultyResult
 from grpo_pipeline.tasks.release.gate import item_metric
 from grpo_pipeline.tasks.release.versions import Registration
-from grpo_pipeline.tasks.scoring.evaluation import EvalResult
 from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci
+from grpo_pipeline.tasks.scoring.results import EvalResult
 from grpo_pipeline.tasks.scoring.tool_use import is_tool_metric
 
 

@@ -33,7 +33,7 @@ from grpo_pipeline.tasks.sources import DataError
 
 if TYPE_CHECKING:
     from grpo_pipeline.tasks.core.common import Ref
-    from grpo_pipeline.tasks.scoring.evaluation import EvalResult
+    from grpo_pipeline.tasks.scoring.results import EvalResult
 
 console = Console(stderr=True)
 RECIPE_SUFFIXES = (".yaml", ".yml")

@@ -17,7 +17,8 @@ from grpo_pipeline.tasks.core.stage import (
     stage,
     user_code,
 )
-from grpo_pipeline.tasks.scoring.evaluation import EvalResult, evaluate_model
+from grpo_pipeline.tasks.scoring.evaluation import evaluate_model
+from grpo_pipeline.tasks.scoring.results import EvalResult
 
 
 def _eval_code(params: dict[str, Any]) -> dict[str, str]:

@@ -47,7 +47,7 @@ from grpo_pipeline.tasks.release.champion import ITEMS_ARTIFACT, suite_items_art
 from grpo_pipeline.tasks.release.gate import GateDecision, decide
 from grpo_pipeline.tasks.release.lineage import provenance_tags
 from grpo_pipeline.tasks.scoring.curves import CURVE_ARTIFACT, PROBE_METRIC, learning_curve_figure, metric_history
-from grpo_pipeline.tasks.scoring.evaluation import EvalResult
+from grpo_pipeline.tasks.scoring.results import EvalResult
 from grpo_pipeline.tasks.training.monitor import health_tags
 
 if TYPE_CHECKING:  # mlflow loads when a version is registered, not when the flow is imported

@@ -23,8 +23,8 @@ from grpo_pipeline.configs.schema import MonitorsConfig, RewardSpec
 from grpo_pipeline.rewards import build_spec
 from grpo_pipeline.tasks.core.common import Ref, logger
 from grpo_pipeline.tasks.core.stage import stage, user_code
-from grpo_pipeline.tasks.scoring.evaluation import EvalResult
 from grpo_pipeline.tasks.scoring.items import judge
+from grpo_pipeline.tasks.scoring.results import EvalResult
 
 MAX_ROWS = 256  # training targets scored for the bar: enough for a mean within a few points
 

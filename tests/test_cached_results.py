@@ -37,7 +37,7 @@ def test_missing_and_changed_files_are_named(tmp_path: Path) -> None:
 
 def test_an_eval_result_checks_its_items_file(tmp_path: Path) -> None:
     from grpo_pipeline.configs.schema import EvalConfig
-    from grpo_pipeline.tasks.scoring.evaluation import summarize
+    from grpo_pipeline.tasks.scoring.results import summarize
 
     data = tmp_path / "eval.parquet"
     data.write_bytes(b"rows")

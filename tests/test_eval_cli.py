@@ -72,7 +72,7 @@ def test_compare_leaves_out_tool_statistics_which_have_no_per_item_scores(tmp_pa
     """A tool-using policy's results carry `tools/*` statistics (EvalResult.tools): compare skips them instead of
     raising on a name outside the metric grammar, and still compares every per-item metric."""
     from grpo_pipeline.eval_cli import compare
-    from grpo_pipeline.tasks.scoring.evaluation import EvalResult
+    from grpo_pipeline.tasks.scoring.results import EvalResult
 
     report = tmp_path / "report.json"
     result, out = invoke(

@@ -16,9 +16,10 @@ from grpo_pipeline.tasks.core.common import Ref, fingerprint_path
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.release import champion
 from grpo_pipeline.tasks.release.lineage import provenance_tags
-from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, EvalResult, evaluate_model, scorer_version, summarize
+from grpo_pipeline.tasks.scoring.evaluation import evaluate_model
 from grpo_pipeline.tasks.scoring.generation import generate
 from grpo_pipeline.tasks.scoring.items import item_id
+from grpo_pipeline.tasks.scoring.results import ITEMS_FILE, EvalResult, scorer_version, summarize
 from grpo_pipeline.tasks.training.tiny_model import build_tiny_model
 
 TINY = TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_positions=64)

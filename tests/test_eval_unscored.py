@@ -13,9 +13,10 @@ import pytest
 from grpo_pipeline.configs.schema import EvalConfig, TinyModelConfig
 from grpo_pipeline.rewards.registry import REGISTRY, RewardError
 from grpo_pipeline.tasks.core.common import Ref, fingerprint_path
-from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, UnscoredError, check_unscored, evaluate_model, summarize
+from grpo_pipeline.tasks.scoring.evaluation import evaluate_model
 from grpo_pipeline.tasks.scoring.items import score_items
 from grpo_pipeline.tasks.scoring.metrics import majority_correct, pass_at_k, scored_pass_at_k
+from grpo_pipeline.tasks.scoring.results import ITEMS_FILE, UnscoredError, check_unscored, summarize
 from grpo_pipeline.tasks.training.tiny_model import build_tiny_model
 
 TINY = TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_positions=64)

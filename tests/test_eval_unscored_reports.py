@@ -12,8 +12,8 @@ from grpo_pipeline.flows.summary_tables import as_markdown, score_table
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.release.card import model_card
 from grpo_pipeline.tasks.release.gate import GateDecision
-from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, EvalResult, summarize
 from grpo_pipeline.tasks.scoring.items import item_id
+from grpo_pipeline.tasks.scoring.results import ITEMS_FILE, EvalResult, summarize
 
 EVAL = EvalConfig(n_samples=2, k=[1, 2])
 REASON = "sandbox error: could not start the program"

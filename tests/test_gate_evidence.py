@@ -36,8 +36,8 @@ from grpo_pipeline.tasks.register import register_policy
 from grpo_pipeline.tasks.release.champion import current_champion
 from grpo_pipeline.tasks.release.gate import MIN_SCORED_ITEMS, GateDecision, decide, item_metric
 from grpo_pipeline.tasks.release.versions import REGISTRATION_TAG
-from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, EvalResult, summarize
 from grpo_pipeline.tasks.scoring.items import item_id
+from grpo_pipeline.tasks.scoring.results import ITEMS_FILE, EvalResult, summarize
 from tests.test_register import EVAL, eval_set, policy
 
 REWARD = "reward/r"

@@ -1,7 +1,7 @@
 """Registration: real MLflow transformers models, lineage tags, the statistical gate, never twice, all or nothing.
 
 Policies are real (tiny, untrained) Hugging Face checkpoints; their eval results are built from per-item scores
-through `scoring.evaluation.summarize`, so the gate sees exactly what the pipeline writes. A SQLite store stands in for
+through `scoring.results.summarize`, so the gate sees exactly what the pipeline writes. A SQLite store stands in for
 the tracking server, except in the last test, which starts a real one.
 """
 
@@ -28,8 +28,9 @@ from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.core.tracking import configure_mlflow
 from grpo_pipeline.tasks.register import register_policy
 from grpo_pipeline.tasks.release.card import DESCRIPTION_LIMIT, version_description
-from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, EvalResult, evaluate_model, summarize
+from grpo_pipeline.tasks.scoring.evaluation import evaluate_model
 from grpo_pipeline.tasks.scoring.items import item_id
+from grpo_pipeline.tasks.scoring.results import ITEMS_FILE, EvalResult, summarize
 from grpo_pipeline.tasks.training.tiny_model import build_tiny_model
 
 EVAL = EvalConfig(n_samples=2, k=[1, 2], max_new_tokens=3, batch_size=64)

@@ -7,7 +7,7 @@ import pytest
 
 from grpo_pipeline.configs.schema import CORRECTNESS, EvalConfig, MonitorsConfig, load_config
 from grpo_pipeline.tasks.core.common import Ref
-from grpo_pipeline.tasks.scoring.evaluation import EvalResult
+from grpo_pipeline.tasks.scoring.results import EvalResult
 from grpo_pipeline.tasks.sft_check import SFTNotLearnedError, check_sft
 
 

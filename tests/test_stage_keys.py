@@ -23,7 +23,7 @@ from grpo_pipeline.tasks.evaluate import evaluate
 from grpo_pipeline.tasks.grpo import GRPORound, grpo_train
 from grpo_pipeline.tasks.model import prepare_base_model
 from grpo_pipeline.tasks.register import register_policy
-from grpo_pipeline.tasks.scoring.evaluation import EvalResult
+from grpo_pipeline.tasks.scoring.results import EvalResult
 from grpo_pipeline.tasks.sft import sft_warmup
 from grpo_pipeline.tasks.validate import validate_data
 

@@ -26,8 +26,8 @@ from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.register import register_policy
 from grpo_pipeline.tasks.release.champion import suite_items_artifact
 from grpo_pipeline.tasks.release.gate import GateDecision
-from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, EvalResult, summarize
 from grpo_pipeline.tasks.scoring.items import item_id
+from grpo_pipeline.tasks.scoring.results import ITEMS_FILE, EvalResult, summarize
 from grpo_pipeline.tasks.sources.contract import DataValidationError
 from grpo_pipeline.tasks.suites import prepare_suite, suite_sources
 from tests.helpers import finished, run_pipeline

@@ -12,7 +12,7 @@ from grpo_pipeline.flows.summary_tables import as_markdown, score_columns, score
 from grpo_pipeline.tasks.core.common import Checkpoint
 from grpo_pipeline.tasks.release.card import model_card
 from grpo_pipeline.tasks.release.gate import GateDecision
-from grpo_pipeline.tasks.scoring.evaluation import EvalResult
+from grpo_pipeline.tasks.scoring.results import EvalResult
 from grpo_pipeline.tasks.scoring.tool_use import tool_use_table
 
 ROOT = Path(__file__).parents[1]

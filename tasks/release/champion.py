@@ -21,7 +21,8 @@ from grpo_pipeline.configs.schema import HELDOUT
 from grpo_pipeline.tasks.core.common import Ref, logger
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.release.registered import fetch_registered
-from grpo_pipeline.tasks.scoring.evaluation import ITEMS_FILE, EvalResult, evaluate_model
+from grpo_pipeline.tasks.scoring.evaluation import evaluate_model
+from grpo_pipeline.tasks.scoring.results import ITEMS_FILE, EvalResult
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

@@ -37,8 +37,8 @@ from pydantic import BaseModel
 from grpo_pipeline.configs.schema import Metric, RegistryConfig, split_metric
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.release.champion import champion_items, current_champion
-from grpo_pipeline.tasks.scoring.evaluation import EvalResult
 from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci
+from grpo_pipeline.tasks.scoring.results import EvalResult
 from grpo_pipeline.tasks.training.monitor import alarm_kinds
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from grpo_pipeline.tasks.core.stage import code_version
-from grpo_pipeline.tasks.scoring.evaluation import EvalResult
+from grpo_pipeline.tasks.scoring.results import EvalResult
 
 LIBRARIES = ("torch", "transformers", "trl", "vllm", "peft")
 PIPELINE_MODULE = "grpo_pipeline.flows.grpo_pipeline"

@@ -1,7 +1,8 @@
 """Scoring completions: what the evaluate stage, the difficulty filter, the probe and the gate share.
 
 scoring/
-  evaluation.py  EvalResult and evaluate_model: generate, score every item, summarize
+  evaluation.py  evaluate_model: generate greedy and sampled completions, score every item, write the items
+  results.py     EvalResult: the scores and what reproduces them; items summarized, unscored shares checked
   generation.py  batched generation with the completions' token ids
   episodes.py    tool episodes of the one episode loop, behind generation's contract
   items.py       each item judged by the correctness reward: pass@k, maj@k, rewards, unscored reasons
