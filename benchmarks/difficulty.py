@@ -37,11 +37,12 @@ from grpo_pipeline.configs.schema import PipelineConfig, load_config  # noqa: E4
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref, fingerprint_path  # noqa: E402
 from grpo_pipeline.tasks.core.stage import RunContext  # noqa: E402
 from grpo_pipeline.tasks.data import prepare_data  # noqa: E402
-from grpo_pipeline.tasks.difficulty import DifficultyResult, Rollouts, filter_by_difficulty  # noqa: E402
+from grpo_pipeline.tasks.difficulty import DifficultyResult, filter_by_difficulty  # noqa: E402
 from grpo_pipeline.tasks.evaluate import evaluate  # noqa: E402
 from grpo_pipeline.tasks.grpo import GRPORound, grpo_train  # noqa: E402
 from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci  # noqa: E402
 from grpo_pipeline.tasks.scoring.results import ITEMS_FILE, EvalResult  # noqa: E402
+from grpo_pipeline.tasks.scoring.rollouts import Rollouts  # noqa: E402
 
 FILTER_ON = "grpo.difficulty_filter.enabled=true"
 

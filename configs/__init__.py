@@ -13,6 +13,7 @@ configs/
   sampling.py     how a policy is sampled (rollouts, probes, the difficulty filter, evaluation), as one value
   registry.py     registry:     the MLflow experiment, registered model and champion gate
   monitors.py     monitors:     the GRPO rounds' training-health alarms
+  stages.py       stages:       alignment in stages, each its own data and rewards, gated on its own suite
   distributed.py  distributed:  processes per stage, accelerate or Ray
   rehearsal.py    rehearsal:    set by `grpo-pipeline rehearse`, never by hand
   reference.py    the configuration reference page (docs/configuration-reference.md), generated from the schema

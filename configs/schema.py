@@ -27,6 +27,7 @@ from grpo_pipeline.configs.monitors import MonitorsConfig
 from grpo_pipeline.configs.registry import RegistryConfig
 from grpo_pipeline.configs.rehearsal import RehearsalConfig
 from grpo_pipeline.configs.sft import SFTStageConfig
+from grpo_pipeline.configs.stages import StageSpec
 
 __all__ = [
     "CORRECTNESS",
@@ -49,6 +50,7 @@ __all__ = [
     "RehearsalConfig",
     "RewardSpec",
     "SFTStageConfig",
+    "StageSpec",
     "SyntheticTaskConfig",
     "TinyModelConfig",
     "apply_overrides",
@@ -78,6 +80,12 @@ class PipelineConfig(Section):
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     monitors: MonitorsConfig = Field(
         default_factory=MonitorsConfig, description="Health alarms of the GRPO rounds (tasks/training/health.py)."
+    )
+    stages: list[StageSpec] = Field(
+        default=[],
+        description="Alignment in stages (configs/stages.py): each its own data, rewards and rounds, starting from "
+        "the policy the stage before it kept, and kept only when it gains on its target suite while every earlier "
+        "stage's suite holds. Empty: one stage, the recipe itself.",
     )
     rehearsal: RehearsalConfig | None = Field(
         default=None,
@@ -176,6 +184,50 @@ class PipelineConfig(Section):
     def gating_suite(self) -> str:
         """The suite whose metric the gate decides on."""
         return split_metric(self.registry.gating_metric, self.eval.suite_names())[0]
+
+    def stage_configs(self) -> list[tuple[StageSpec | None, PipelineConfig]]:
+        """Each stage with the config its rounds run with (StageSpec.overrides): gated on its target suite by the
+        recipe's gating metric, with every earlier stage's target suite guarded. [(None, self)] without stages."""
+        if not self.stages:
+            return [(None, self)]
+        raw, metric = (
+            self.model_dump(mode="json"),
+            split_metric(self.registry.gating_metric, self.eval.suite_names())[1],
+        )
+        resolved = []
+        for i, stage in enumerate(self.stages):
+            earlier = list(
+                dict.fromkeys(f"{s.target}/{metric.name}" for s in self.stages[:i] if s.target != stage.target)
+            )
+            stage_raw = stage.overrides(raw, f"{stage.target}/{metric.name}", earlier)
+            try:
+                resolved.append((stage, PipelineConfig.model_validate(stage_raw)))
+            except ValidationError as err:
+                problems = _format_validation_error(err, "").splitlines()[1:]  # each `  - field: what to change`
+                raise ValueError(f"stages[{i}] ({stage.name}), over the recipe: " + "; ".join(
+                    p.removeprefix("  - ") for p in problems)) from None  # fmt: skip
+        return resolved
+
+    @model_validator(mode="after")
+    def _stages_resolve(self) -> PipelineConfig:
+        # A stage is checked when the recipe loads, as the recipe is: its target suite exists, its overrides give a
+        # valid config (a misspelt field or a batch that does not fit fails here, not after the stages before it).
+        names, suites = [s.name for s in self.stages], self.eval.suite_names()
+        if len(set(names)) != len(names):
+            raise ValueError(f"stages: names must differ, got {names}")
+        for i, stage in enumerate(self.stages):
+            if stage.kind == "rft" and self.grpo.sampling.uses_tools:
+                raise ValueError(
+                    f"stages[{i}] ({stage.name}): an rft stage fine-tunes on plain completions, and this recipe's "
+                    "samples are tool episodes (grpo.tools, grpo.environment); use kind 'grpo'"
+                )
+            if stage.target not in suites:
+                raise ValueError(
+                    f"stages[{i}] ({stage.name}): target {stage.target!r} is not an eval suite; the suites are "
+                    f"{suites} (add it to eval.suites)"
+                )
+        self.stage_configs()
+        return self
 
     @model_validator(mode="after")
     def _probe_has_rows(self) -> PipelineConfig:

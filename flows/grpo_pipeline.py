@@ -20,7 +20,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from grpo_pipeline.configs.schema import HELDOUT, ConfigError, ModelConfig, PipelineConfig, load_config
+from grpo_pipeline.configs.schema import HELDOUT, ConfigError, ModelConfig, PipelineConfig, StageSpec, load_config
 from grpo_pipeline.flows.stages import (
     Stages,
     base_model,
@@ -35,6 +35,7 @@ from grpo_pipeline.flows.stages import (
     prepare_data,
     prepare_suite,
     register,
+    rejection_sample,
     sft_warmup,
     validate_data,
 )
@@ -46,14 +47,15 @@ from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.decontaminate import Decontamination
 from grpo_pipeline.tasks.difficulty import (
     DifficultyResult,
-    Rollouts,
     check_enough,
     filters_round,
 )
-from grpo_pipeline.tasks.grpo import GRPORound
+from grpo_pipeline.tasks.grpo import GRPORound, round_label
 from grpo_pipeline.tasks.preflight import check_config
-from grpo_pipeline.tasks.scoring.curves import ROUNDS_ARTIFACT, rounds_figure
+from grpo_pipeline.tasks.release.champion import CHAMPION
+from grpo_pipeline.tasks.scoring.curves import MATRIX_ARTIFACT, ROUNDS_ARTIFACT, matrix_figure, rounds_figure
 from grpo_pipeline.tasks.scoring.results import EvalResult
+from grpo_pipeline.tasks.scoring.rollouts import Rollouts
 from grpo_pipeline.tasks.suites import suite_sources
 from grpo_pipeline.tasks.training.trainer import check_model_runtime
 from grpo_pipeline.tasks.training.vllm_rollouts import check_vllm_runtime
@@ -120,7 +122,7 @@ def run_stages(cfg: PipelineConfig, run: Stages) -> Summary:
     warning = learned.warning if learned else None
 
     release = Release(run, cfg, base, baselines, sft_warning=warning, clean=clean)
-    rounds, stopped = grpo_rounds(run, cfg, policy, baselines, data, suites, model_cfg, release)
+    rounds, stopped = staged_rounds(run, cfg, policy, baselines, data, suites, model_cfg, release)
     return Summary.build(
         cfg, run.records, baseline, rounds,
         sft_warning=warning, scores_of=scores_of, suite_seconds=run.suite_seconds, clean=clean, stopped=stopped,
@@ -128,6 +130,93 @@ def run_stages(cfg: PipelineConfig, run: Stages) -> Summary:
 
 
 Scores = dict[str, EvalResult]  # a policy's evaluation on every suite, by suite name, in the configured order
+
+
+def staged_rounds(
+    run: Stages,
+    cfg: PipelineConfig,
+    policy: Checkpoint,
+    scores: Scores,
+    data: DatasetRefs,
+    suites: dict[str, Ref],
+    model_cfg: ModelConfig,
+    release: Release,
+) -> tuple[list[Round], str]:
+    """The recipe's GRPO rounds, stage by stage (configs/stages.py), and what ended them early. Each stage's rounds
+    start from the policy the stages before it kept, on the stage's own prompts, and the registry's gate (the stage's
+    target suite, every earlier stage's guarded) decides whether the stage is kept: a stage none of whose rounds
+    took `champion` is dropped, or ends the run (its on_held_back). Without stages: the recipe's rounds."""
+    rounds: list[Round] = []
+    verdicts = []
+    for spec, stage_cfg in cfg.stage_configs():
+        if spec is None:
+            return grpo_rounds(run, cfg, policy, scores, data, suites, model_cfg, release)
+        stage_data = data if not spec.data else stage_inputs(run, stage_cfg, spec.name, suites)
+        if spec.data or spec.grpo:  # its rewards score its rows, its prompts fit the context, a batch of them exists
+            run(
+                f"check_inputs-{spec.name}", check_inputs, listed=False,
+                data=stage_data, base=release.base, grpo=stage_cfg.grpo, eval_cfg=stage_cfg.eval, sft_enabled=False,
+            )  # fmt: skip
+        stage_release = dataclasses.replace(release, cfg=stage_cfg)
+        if spec.kind == "rft":
+            ran, stopped = rft_stage(run, stage_cfg, spec, policy, stage_data, suites, model_cfg, stage_release, rounds)
+        else:
+            ran, stopped = grpo_rounds(run, stage_cfg, policy, scores, stage_data, suites, model_cfg, stage_release,
+                                       stage=spec.name, before=rounds)  # fmt: skip
+        rounds += ran
+        kept = [x for x in ran if x.registration and x.registration.alias == CHAMPION]
+        if kept:
+            policy, scores = kept[-1].policy, kept[-1].suites
+            verdicts.append(f"stage {spec.name} kept ({kept[-1].name}: {kept[-1].registration.gate.reason})")
+            continue
+        last = next((x.registration for x in reversed(ran) if x.registration), None)
+        why = last.gate.reason if last else stopped or "no round trained a new policy"
+        verdicts.append(f"stage {spec.name} held back ({why})")
+        if spec.on_held_back == "stop":
+            verdicts.append("the run stopped there (on_held_back: stop)")
+            break
+    return rounds, "; ".join(verdicts)
+
+
+def rft_stage(
+    run: Stages,
+    cfg: PipelineConfig,
+    spec: StageSpec,
+    policy: Checkpoint,
+    data: DatasetRefs,
+    suites: dict[str, Ref],
+    model_cfg: ModelConfig,
+    release: Release,
+    before: list[Round],
+) -> tuple[list[Round], str]:
+    """A `kind: rft` stage: rejection_sample (the policy's verified samples on the stage's prompts) -> sft_warmup on
+    them from the policy -> evaluate -> register, as one round of the stage; or why it did not train (too few rows
+    for an SFT batch)."""
+    ctx = RunContext.of(cfg)
+    sampled = run(
+        f"rejection_sample-{spec.name}", rejection_sample,
+        policy=policy, train=data.train, rollouts=Rollouts.of(cfg), ctx=ctx, label=spec.name,
+        samples_per_prompt=spec.samples_per_prompt, kept_per_prompt=spec.kept_per_prompt,
+    )  # fmt: skip
+    if sampled.kept < cfg.sft.batch_size:
+        return [], (f"rejection sampling kept {sampled.kept} rows, fewer than an SFT batch (sft.batch_size "
+                    f"{cfg.sft.batch_size}): {sampled.describe()}")  # fmt: skip
+    tuned = run(
+        f"sft-{spec.name}", sft_warmup,
+        base=policy, train=sampled.train, cfg=cfg.sft, model_cfg=model_cfg, ctx=ctx, **sft_bar(cfg, data),
+    )  # fmt: skip
+    scores = evaluate_suites(run, cfg, tuned, suites, round_label(1, spec.name))
+    step = Round(index=1, policy=tuned, result=scores[cfg.gating_suite()], suites=scores, start=policy,
+                 train=sampled.train, stage=spec.name, kind="rft", rft=sampled)  # fmt: skip
+    return [release.register(step, before)], ""
+
+
+def stage_inputs(run: Stages, cfg: PipelineConfig, stage: str, suites: dict[str, Ref]) -> DatasetRefs:
+    """A stage's own prompts (its data: section), validated and decontaminated against every suite as the recipe's
+    are, their stages named after it."""
+    data = run(f"prepare_data-{stage}", prepare_data, cfg=cfg.data, run_dir=cfg.run_dir)
+    data = run(f"validate_data-{stage}", validate_data, refs=data, cfg=cfg.data)
+    return decontaminated(run, cfg, data, suites, stage)[0]
 
 
 def grpo_rounds(
@@ -139,29 +228,32 @@ def grpo_rounds(
     suites: dict[str, Ref],
     model_cfg: ModelConfig,
     release: Release,
+    stage: str = "",
+    before: list[Round] | None = None,
 ) -> tuple[list[Round], str]:
-    """The GRPO rounds from `policy` (scored `scores`), each registered as the registry says, and why they ended
-    early (empty when grpo.rounds ran out). grpo.rounds is a maximum: no round starts after one that returned its
-    start or saturated its probe, nor when the difficulty filter leaves fewer prompts than a step takes (unless
-    grpo.difficulty_filter.on_too_few fails the run then)."""
+    """The GRPO rounds from `policy` (scored `scores`), of `stage` after the rounds `before` it, each registered as
+    the registry says, and why they ended early (empty when grpo.rounds ran out). grpo.rounds is a maximum: no round
+    starts after one that returned its start or saturated its probe, nor when the difficulty filter leaves fewer
+    prompts than a step takes (unless grpo.difficulty_filter.on_too_few fails the run then)."""
     rounds: list[Round] = []
+    earlier = before or []
     stopped = ""
     for r in range(1, cfg.grpo.rounds + 1):
         start, start_scores = (rounds[-1].policy, rounds[-1].suites) if rounds else (policy, scores)
-        kept = round_prompts(run, cfg, r, start, data)
+        kept = round_prompts(run, cfg, r, start, data, stage)
         if kept is not None and (why := check_enough(kept, cfg.grpo.difficulty_filter)):
             stopped = f"{why} ({r - 1} of at most {cfg.grpo.rounds} rounds ran)"
             break
         step = grpo_round(run, cfg, r, start=start, start_scores=start_scores, data=data, suites=suites,
-                          model_cfg=model_cfg, kept=kept)  # fmt: skip
+                          model_cfg=model_cfg, kept=kept, stage=stage)  # fmt: skip
         rounds.append(step)
         if not step.returned_start and (cfg.registry.register_each_round or r == cfg.grpo.rounds):
-            rounds[-1] = release.register(step, rounds)
+            rounds[-1] = release.register(step, [*earlier, *rounds[:-1]])
         if stopped := stop_reason(step, cfg.grpo.rounds):
             break
     new = [i for i, x in enumerate(rounds) if not x.returned_start]
     if new and rounds[new[-1]].registration is None:  # rounds ended early: the last new policy is the run's result
-        rounds[new[-1]] = release.register(rounds[new[-1]], rounds)
+        rounds[new[-1]] = release.register(rounds[new[-1]], [*earlier, *rounds[: new[-1]]])
     return rounds, stopped
 
 
@@ -205,18 +297,28 @@ def prepare_inputs(run: Stages, cfg: PipelineConfig) -> tuple[DatasetRefs, dict[
         s.name: run(f"prepare_suite-{s.name}", prepare_suite, suite=s, run_dir=cfg.run_dir)
         for s in cfg.eval.suites if s.source != HELDOUT
     })  # fmt: skip
+    data, clean = decontaminated(run, cfg, data, suites)
+    return data, suites, clean
+
+
+def decontaminated(
+    run: Stages, cfg: PipelineConfig, data: DatasetRefs, suites: dict[str, Ref], stage: str = ""
+) -> tuple[DatasetRefs, Decontamination | None]:
+    """`data` less the training, SFT and probe rows that overlap a suite's prompts (data.decontaminate), with what
+    was dropped from the training rows; `stage` names a staged recipe's stage whose own rows these are."""
     if cfg.data.decontaminate == "off":
-        return data, suites, None
+        return data, None
+    suffix = f"-{stage}" if stage else ""
     compare = {"suites": suites, "mode": cfg.data.decontaminate, "ngram": cfg.data.decontaminate_ngram,
                "run_dir": cfg.run_dir, "templates": prompt_templates(cfg)}  # fmt: skip
-    clean = run("decontaminate", decontaminate, train=data.train, **compare)
+    clean = run(f"decontaminate{suffix}", decontaminate, train=data.train, **compare)
     kept = {"train": clean.train}
     if data.sft is not None:  # SFT's own rows (the training split and a drill): no stage trains on a suite's prompts
-        kept["sft"] = run("decontaminate-sft", decontaminate, listed=False, train=data.sft, **compare).train
+        kept["sft"] = run(f"decontaminate-sft{suffix}", decontaminate, listed=False, train=data.sft, **compare).train
     if data.probe is not None:  # the probe chooses checkpoints, ends SFT and stops rounds: it may not read a suite
-        probe = run("decontaminate-probe", decontaminate, listed=False, train=data.probe, split="probe", **compare)
-        kept["probe"] = probe.train
-    return data.model_copy(update=kept), suites, clean
+        split = {"listed": False, "train": data.probe, "split": "probe"}
+        kept["probe"] = run(f"decontaminate-probe{suffix}", decontaminate, **split, **compare).train
+    return data.model_copy(update=kept), clean
 
 
 def prompt_templates(cfg: PipelineConfig) -> dict[str, str]:
@@ -240,16 +342,16 @@ def sft_bar(cfg: PipelineConfig, data: DatasetRefs) -> dict[str, Any]:
 
 
 def round_prompts(
-    run: Stages, cfg: PipelineConfig, r: int, start: Checkpoint, data: DatasetRefs
+    run: Stages, cfg: PipelineConfig, r: int, start: Checkpoint, data: DatasetRefs, stage: str = ""
 ) -> DifficultyResult | None:
     """The difficulty filter before round `r`, where it filters that round: the prompts `start` sometimes, not
     always, solves."""
     if not filters_round(cfg.grpo.difficulty_filter, r):
         return None
     return run(
-        f"difficulty_filter-r{r}", difficulty_filter,
+        f"difficulty_filter-{round_label(r, stage)}", difficulty_filter,
         policy=start, train=data.train, cfg=cfg.grpo.difficulty_filter, rollouts=Rollouts.of(cfg),
-        ctx=RunContext.of(cfg), label=f"r{r}", min_kept=cfg.grpo.prompts_per_step,
+        ctx=RunContext.of(cfg), label=round_label(r, stage), min_kept=cfg.grpo.prompts_per_step,
     )  # fmt: skip
 
 
@@ -264,6 +366,7 @@ def grpo_round(
     suites: dict[str, Ref],
     model_cfg: ModelConfig,
     kept: DifficultyResult | None = None,
+    stage: str = "",
 ) -> Round:
     """One GRPO round from `start`: grpo_train on the training split (or on the difficulty filter's `kept` prompts)
     -> evaluate. A round that returned its start unchanged is not evaluated again: its scores are its start's
@@ -271,13 +374,15 @@ def grpo_round(
     ctx, train = RunContext.of(cfg), data.train if kept is None else kept.train
     # Each round starts from the previous policy; TRL builds the reference model from it (reset per round).
     spec = GRPORound(
-        start=start, train=train, cfg=cfg.grpo, model_cfg=model_cfg, round_index=r, ctx=ctx, held_out=data.probe,
-        correctness_reward=cfg.eval.correctness_reward, monitors=cfg.monitors, code_dir=cfg.code_dir,
+        start=start, train=train, cfg=cfg.grpo, model_cfg=model_cfg, round_index=r, stage=stage, ctx=ctx,
+        held_out=data.probe, correctness_reward=cfg.eval.correctness_reward, monitors=cfg.monitors,
+        code_dir=cfg.code_dir,
     )  # fmt: skip
     policy = run(spec.name, grpo_train if cfg.grpo.work_pool is None else grpo_train_remote, spec=spec)
-    scores = start_scores if policy.kept_start else evaluate_suites(run, cfg, policy, suites, f"r{r}")
+    label = round_label(r, stage)
+    scores = start_scores if policy.kept_start else evaluate_suites(run, cfg, policy, suites, label)
     return Round(index=r, policy=policy, result=scores[cfg.gating_suite()], difficulty=kept, suites=scores, start=start,
-                 train=train)  # fmt: skip
+                 train=train, stage=stage)  # fmt: skip
 
 
 @dataclass
@@ -292,10 +397,9 @@ class Release:
     sft_warning: str | None = None
     clean: Decontamination | None = None
 
-    def register(self, step: Round, rounds: list[Round]) -> Round:
-        """`step` with the version registered for it."""
+    def register(self, step: Round, before: list[Round]) -> Round:
+        """`step` with the version registered for it; `before`: the rounds that ran before it."""
         cfg, r, policy = self.cfg, step.index, step.policy
-        before = [x for x in rounds if x.index < r]
         parent = next((x.registration.model_uri for x in reversed(before) if x.registration), self.base.lineage)
         tags = {
             "config_hash": cfg.fingerprint(),
@@ -304,14 +408,17 @@ class Release:
             "parent_model": parent,
             "parent_run_id": step.start.run_id or "" if step.start else "",
             "round": str(r),
-            **{f"grpo.{name}": str(value) for name, value in cfg.grpo.algorithm().items()},  # the objective trained
+            **({"stage": step.stage} if step.stage else {}),  # a staged recipe's stage (configs/stages.py)
+            # the objective trained: GRPO's, or an rft stage's SFT on its verified samples
+            **({f"grpo.{name}": str(v) for name, v in cfg.grpo.algorithm().items()} if step.kind == "grpo" else {}),
+            **({"rft.keep_rate": f"{step.rft.keep_rate:.4f}", "rft.kept": str(step.rft.kept)} if step.rft else {}),
             **({"sft_warning": self.sft_warning} if self.sft_warning else {}),  # the model card says so too
             **({"rehearsal_of": cfg.rehearsal.recipe} if cfg.rehearsal else {}),  # grpo-pipeline rehearse
             **({**self.clean.tags(), "decontam.line": self.clean.line()} if self.clean else {}),  # dropped rows
         }
         gating = cfg.gating_suite()
         registration = self.run(
-            f"register-r{r}", register,
+            f"register-{step.label}", register,
             policy=policy, result=step.suites[gating], baseline=self.baselines[gating], cfg=cfg.registry,
             ctx=RunContext.of(cfg), config_yaml=cfg.to_yaml(), tags=tags, suites=step.suites, baselines=self.baselines,
         )  # fmt: skip
@@ -336,16 +443,22 @@ def report(cfg: PipelineConfig, summary: Summary) -> Summary:
 
 def log_rounds_plot(summary: Summary) -> None:
     """The rounds table as a plot, `plots/rounds.png` in the MLflow run of the last version registered: SFT, then
-    each round's gating metric. A store that refuses it costs the plot only (said in the log), never the run."""
+    each round's gating metric; a staged run's matrix as a heatmap beside it (`plots/stages.png`). A store that
+    refuses them costs the plots only (said in the log), never the run."""
     import matplotlib.pyplot as plt
     from mlflow import MlflowClient
 
     rows, run_id = summary.rounds, summary.registrations[-1].run_id
     title = f"{summary.recipe}: {rows[0].metric} by stage"
-    fig = rounds_figure({summary.recipe: [(row.model, row.value) for row in rows]}, rows[0].metric, title=title)
-    try:
-        MlflowClient().log_figure(run_id, fig, ROUNDS_ARTIFACT)
-    except Exception as err:  # the versions are registered; a missing plot must not fail the run
-        get_run_logger().warning("the rounds plot was not logged to MLflow run %s: %s", run_id, err)
-    finally:
-        plt.close(fig)
+    figures = {ROUNDS_ARTIFACT: rounds_figure({summary.recipe: [(row.model, row.value) for row in rows]},
+                                              rows[0].metric, title=title)}  # fmt: skip
+    if summary.matrix:
+        matrix = [(row.stage or row.model, row.values) for row in summary.matrix]
+        figures[MATRIX_ARTIFACT] = matrix_figure(matrix, rows[0].metric)  # the recipe's gating metric
+    for artifact, fig in figures.items():
+        try:
+            MlflowClient().log_figure(run_id, fig, artifact)
+        except Exception as err:  # the versions are registered; a missing plot must not fail the run
+            get_run_logger().warning("%s was not logged to MLflow run %s: %s", artifact, run_id, err)
+        finally:
+            plt.close(fig)

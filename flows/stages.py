@@ -35,6 +35,7 @@ from grpo_pipeline.tasks.model import pin_registered, prepare_base_model
 from grpo_pipeline.tasks.preflight import PreflightError
 from grpo_pipeline.tasks.preflight import check_inputs as _check_inputs
 from grpo_pipeline.tasks.register import register_policy
+from grpo_pipeline.tasks.rft import rejection_sample as _rejection_sample
 from grpo_pipeline.tasks.sft import sft_warmup as _sft_warmup
 from grpo_pipeline.tasks.sft_check import SFTNotLearnedError
 from grpo_pipeline.tasks.sft_check import check_sft as _check_sft
@@ -116,6 +117,7 @@ check_inputs = stage_task(_check_inputs, "check_inputs")
 sft_warmup = stage_task(_sft_warmup, "sft_warmup")
 check_sft = stage_task(_check_sft, "check_sft")
 difficulty_filter = stage_task(_filter_by_difficulty, "difficulty_filter", task_run_name="difficulty_filter-{label}")
+rejection_sample = stage_task(_rejection_sample, "rejection_sample", task_run_name="rejection_sample-{label}")
 grpo_train = stage_task(_grpo_train, "grpo_train", task_run_name="{spec.name}")
 # The same stage on another work pool (grpo.work_pool), keyed like the local one, and retried like it: a child flow
 # run that failed for a passing reason runs again (resuming from its checkpoints); bad input, a health alarm or a

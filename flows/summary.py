@@ -13,8 +13,11 @@ from grpo_pipeline.configs.schema import HELDOUT, PipelineConfig, RehearsalConfi
 from grpo_pipeline.tasks.core.common import Checkpoint, Ref
 from grpo_pipeline.tasks.decontaminate import Decontamination
 from grpo_pipeline.tasks.difficulty import DifficultyResult
+from grpo_pipeline.tasks.grpo import round_label
+from grpo_pipeline.tasks.release.champion import CHAMPION
 from grpo_pipeline.tasks.release.gate import item_metric
 from grpo_pipeline.tasks.release.versions import Registration
+from grpo_pipeline.tasks.rft import RFTData
 from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci
 from grpo_pipeline.tasks.scoring.results import EvalResult
 from grpo_pipeline.tasks.scoring.tool_use import is_tool_metric
@@ -24,7 +27,7 @@ from grpo_pipeline.tasks.scoring.tool_use import is_tool_metric
 class Round:
     """One GRPO round as the flow ran it: its policy, evaluation, and what it registered and trained on."""
 
-    index: int
+    index: int  # within its stage
     policy: Checkpoint
     result: EvalResult
     registration: Registration | None = None
@@ -32,6 +35,21 @@ class Round:
     suites: dict[str, EvalResult] = field(default_factory=dict)  # its evaluation on every suite (`result`: gating)
     start: Checkpoint | None = None  # the policy it started from
     train: Ref | None = None  # what it trained on (the training split, or the difficulty filter's rows)
+    stage: str = ""  # the stage of a staged recipe it belongs to (configs/stages.py)
+    kind: str = "grpo"  # what trained it: GRPO, or an rft stage's fine-tuning on its verified samples
+    rft: RFTData | None = None  # an rft stage's rejection sampling
+
+    @property
+    def name(self) -> str:
+        """How the summary names the round's model: `grpo round 2`, or `grpo <stage> round 2` in a staged recipe."""
+        if self.kind == "rft":
+            return f"rft {self.stage}"
+        return f"grpo {self.stage} round {self.index}" if self.stage else f"grpo round {self.index}"
+
+    @property
+    def label(self) -> str:
+        """The round's label in stage and MLflow run names: `r2`, or `<stage>-r2` in a staged recipe."""
+        return round_label(self.index, self.stage)
 
     @property
     def returned_start(self) -> bool:
@@ -110,6 +128,40 @@ class ScoreRow(BaseModel):
         )
 
 
+class StageRow(BaseModel):
+    """A row of a staged run's stage x suite matrix: the policy a stage ended with (its last new round; the start for
+    the first row) and the recipe's gating metric on every suite."""
+
+    stage: str  # the stage's name ("" for the policy the stages started from)
+    model: str
+    values: dict[str, float | None]  # by suite; None where the suite does not score the metric
+    kept: bool | None = None  # whether the gate kept the stage (took champion); None for the start
+
+    @staticmethod
+    def matrix(
+        cfg: PipelineConfig, rounds: Sequence[Round], scores_of: dict[str, dict[str, EvalResult]]
+    ) -> list[StageRow]:
+        """The start's row, then one per stage that trained a new policy; empty without stages."""
+        if not cfg.stages or not scores_of:
+            return []
+        metric = split_metric(cfg.registry.gating_metric, cfg.eval.suite_names())[1].name
+        label, start = list(scores_of.items())[-1]  # the policy the stages started from (SFT's, or the base)
+
+        def values(suites: dict[str, EvalResult]) -> dict[str, float | None]:
+            return {
+                name: suites[name].metrics().get(metric) if name in suites else None for name in cfg.eval.suite_names()
+            }
+
+        rows = [StageRow(stage="", model=label, values=values(start))]
+        for stage in cfg.stages:
+            new = [r for r in rounds if r.stage == stage.name and not r.returned_start]
+            if new:
+                last = new[-1]
+                kept = any(r.registration is not None and r.registration.alias == CHAMPION for r in new)
+                rows.append(StageRow(stage=stage.name, model=last.name, values=values(last.suites), kept=kept))
+        return rows
+
+
 class SuiteTable(BaseModel):
     """One eval suite's scores: a row per evaluated model, the settings they were computed with, the wall time of
     the suite's evaluations in this run (cached ones count their lookup only)."""
@@ -163,8 +215,11 @@ class Summary(BaseModel):
     # Every eval suite's table, in the configured order (`scores` and `eval_settings` are the gating suite's).
     suites: list[SuiteTable] = []
     decontamination: str = ""  # what decontamination dropped from the training rows, in a sentence
-    # What ended the rounds before grpo.rounds (a maximum) ran out, or that the last round returned its start.
+    # What ended the rounds before grpo.rounds (a maximum) ran out, or that the last round returned its start; in a
+    # staged recipe, which stages were kept and why.
     stopped: str = ""
+    matrix: list[StageRow] = []  # a staged recipe's stage x suite matrix: what each stage added and what it cost
+    rejection_sampling: list[RFTData] = []  # each rft stage's: its keep rate and the rows it fine-tuned on
 
     @classmethod
     def build(
@@ -181,9 +236,10 @@ class Summary(BaseModel):
     ) -> Summary:
         new = [r for r in rounds if not r.returned_start]  # a round that returned its start has no scores of its own
         scores = [ScoreRow.of("sft" if cfg.sft.enabled else "base", baseline)]
-        scores += [ScoreRow.of(f"grpo round {r.index}", r.result) for r in new]
-        models = [(scores[0].model, baseline), *((f"grpo round {r.index}", r.result) for r in new)]
-        every = [*(scores_of or {}).items(), *((f"grpo round {r.index}", r.suites) for r in new)]
+        gating = cfg.gating_suite()  # a staged recipe's rounds are each gated on their stage's suite: compare on one
+        scores += [ScoreRow.of(r.name, r.suites.get(gating, r.result)) for r in new]
+        models = [(scores[0].model, baseline), *((r.name, r.suites.get(gating, r.result)) for r in new)]
+        every = [*(scores_of or {}).items(), *((r.name, r.suites) for r in new)]
         suites = [
             SuiteTable.of(name, [(model, by_suite[name]) for model, by_suite in every if name in by_suite],
                           (suite_seconds or {}).get(name, 0.0))
@@ -208,6 +264,8 @@ class Summary(BaseModel):
             rollouts="; ".join(dict.fromkeys(r.policy.rollouts for r in rounds if r.policy.rollouts)),
             rehearsal=cfg.rehearsal,
             stopped=stopped,
+            matrix=StageRow.matrix(cfg, rounds, scores_of or {}),
+            rejection_sampling=[r.rft for r in rounds if r.rft is not None],
         )
 
     @property

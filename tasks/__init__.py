@@ -13,6 +13,7 @@ function usable without Prefect; the Prefect tasks that wrap them live in flows/
       sft_check.py   check_sft: before GRPO, has SFT learned its data?
       difficulty.py  filter_by_difficulty: between GRPO rounds, the prompts the policy sometimes solves
       grpo.py        grpo_train: one GRPO round
+      rft.py         rejection_sample: a staged recipe's rft stage, the policy's verified samples to fine-tune on
       evaluate.py    evaluate: a policy on the held-out split
       register.py    register_policy: the policy as a registered, gated MLflow model version
       decontaminate.py  decontaminate: training rows whose prompts overlap a benchmark's left out

@@ -21,20 +21,17 @@ nothing left to learn on these prompts, and the flow ends the rounds there, or f
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, computed_field
+from pydantic import BaseModel, computed_field
 
-from grpo_pipeline.configs.sampling import Sampling
-from grpo_pipeline.configs.schema import DifficultyFilterConfig, PipelineConfig, RewardSpec
-from grpo_pipeline.rewards import build_spec
-from grpo_pipeline.tasks.core.common import Checkpoint, Ref, atomic_dir, fingerprint_path, load_tokenizer, logger
-from grpo_pipeline.tasks.core.stage import RunContext, stage, user_code
+from grpo_pipeline.configs.schema import DifficultyFilterConfig
+from grpo_pipeline.tasks.core.common import Checkpoint, Ref, atomic_dir, fingerprint_path, logger
+from grpo_pipeline.tasks.core.stage import RunContext, stage
 from grpo_pipeline.tasks.core.tracking import mlflow_run
-from grpo_pipeline.tasks.scoring.items import judge
+from grpo_pipeline.tasks.scoring.rollouts import Rollouts, rollouts_code, sample_judged
 
 TRAIN_FILE = "train.parquet"
 PASS_RATES_FILE = "pass_rates.jsonl"
@@ -42,24 +39,6 @@ PASS_RATES_FILE = "pass_rates.jsonl"
 
 class DifficultyFilterError(ValueError):
     """Too few prompts pass the filter to train a round on; the message says which setting to change."""
-
-
-class Rollouts(BaseModel):
-    """How the filter samples and scores: as the round samples (`grpo.sampling`: episodes where it calls tools), so
-    that the pass rate it measures is the one the round's groups will see, with evaluation's correctness reward and
-    generation batch."""
-
-    model_config = ConfigDict(frozen=True)
-
-    sampling: Sampling
-    batch_size: int
-    correctness_reward: RewardSpec
-
-    @classmethod
-    def of(cls, cfg: PipelineConfig) -> Rollouts:
-        return cls(
-            sampling=cfg.grpo.sampling, batch_size=cfg.eval.batch_size, correctness_reward=cfg.eval.correctness_reward
-        )
 
 
 class DifficultyResult(BaseModel):
@@ -114,35 +93,12 @@ def pass_rates(
 ) -> list[tuple[int, int]]:
     """For each row, (correct, scored) over `n` samples from `policy`: a completion the correctness reward could not
     score (None) is left out rather than counted wrong. With tools each sample is an episode, as the round's rollouts
-    are (agents/loops.py `eval_tool_loop`), so the pass rate is the one its groups will see."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from grpo_pipeline.agents.loops import eval_tool_loop
-    from grpo_pipeline.tasks.scoring.episodes import hf_sampler
-
-    tokenizer = load_tokenizer(policy.path)
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(policy.path)
-    model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
-    torch.manual_seed(seed)
-    s = rollouts.sampling
-    sample = hf_sampler(model, tokenizer, eval_tool_loop(s, tokenizer), rows)
-    sampled, _ = sample(
-        rows["prompt"].tolist(), max_new_tokens=s.max_new_tokens, batch_size=rollouts.batch_size, n=n,
-        temperature=s.temperature, top_p=s.top_p, desc=f"difficulty {label}",
-    )  # fmt: skip
-    judged, _ = judge(build_spec(rollouts.correctness_reward), rows, sampled)
+    are, so the pass rate is the one its groups will see."""
+    _, judged = sample_judged(policy, rows, n, rollouts, seed, f"difficulty {label}")
     return [(sum(ok is True for ok in group), sum(ok is not None for ok in group)) for group in judged]
 
 
-def _correctness_code(params: Mapping[str, Any]) -> dict[str, str]:
-    rollouts = params["rollouts"]
-    s = rollouts.sampling
-    return user_code([rollouts.correctness_reward.name, *s.tools, *filter(None, [s.environment])])
-
-
-@stage("difficulty-{label}", external=_correctness_code)
+@stage("difficulty-{label}", external=rollouts_code)
 def filter_by_difficulty(
     policy: Checkpoint,
     train: Ref,

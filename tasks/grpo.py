@@ -112,7 +112,8 @@ class GRPORound(BaseModel):
     train: Ref = Field(description="The prompts it trains on: the training split, or the difficulty filter's rows.")
     cfg: GRPOStageConfig = Field(description="The grpo: section.")
     model_cfg: ModelConfig = Field(description="The model: section (LoRA adapters, precision).")
-    round_index: int = Field(ge=1, description="1 for the first round; seeds the round and names its outputs.")
+    round_index: int = Field(ge=1, description="1 for its stage's first round; seeds the round, names its outputs.")
+    stage: str = Field(default="", description="The stage of a staged recipe the round belongs to (names outputs).")
     ctx: RunContext = Field(description="The run: its directory, seed, MLflow experiment and process count.")
     held_out: Ref | None = Field(
         default=None, description="The probe split: its first cfg.probe_problems rows are probed during the round."
@@ -127,7 +128,7 @@ class GRPORound(BaseModel):
     @property
     def name(self) -> str:
         """The round's one name (`round_name`), which its stage folder and task run are formatted from."""
-        return round_name(self.round_index)
+        return round_name(self.round_index, self.stage)
 
 
 def _rewards_code(params: Mapping[str, Any]) -> dict[str, str]:
@@ -188,10 +189,17 @@ def round_health(
     return RoundHealth(monitors, stage_name, cfg.beta, cfg.generations_per_prompt, weights, index, turns)
 
 
-def round_name(round_index: int) -> str:
-    """The one name of GRPO round `round_index`: its task run, MLflow run, output folder and progress artifact
-    (`GRPORound.name`, which the stage folder and the task run names are formatted from)."""
-    return f"grpo-round{round_index}"
+def round_name(round_index: int, stage: str = "") -> str:
+    """The one name of GRPO round `round_index` (of `stage`, in a staged recipe): its task run, MLflow run, output
+    folder and progress artifact (`GRPORound.name`, which the stage folder and the task run names are formatted
+    from)."""
+    return f"grpo-{stage}-round{round_index}" if stage else f"grpo-round{round_index}"
+
+
+def round_label(round_index: int, stage: str = "") -> str:
+    """The short label of GRPO round `round_index` (of `stage`) in the names of the stages around it: `r2` for
+    `difficulty_filter-r2`, `evaluate-r2`, `register-r2`; `<stage>-r2` in a staged recipe."""
+    return f"{stage}-r{round_index}" if stage else f"r{round_index}"
 
 
 @stage("{spec.name}", external=_rewards_code)

@@ -233,7 +233,8 @@ def test_the_probe_and_the_difficulty_filter_run_the_environment(model_dir: Path
     from grpo_pipeline.configs.eval import CORRECTNESS
     from grpo_pipeline.rewards import build_reward
     from grpo_pipeline.tasks.core.common import Checkpoint
-    from grpo_pipeline.tasks.difficulty import Rollouts, pass_rates
+    from grpo_pipeline.tasks.difficulty import pass_rates
+    from grpo_pipeline.tasks.scoring.rollouts import Rollouts
     from grpo_pipeline.tasks.training.probe import greedy_correct
 
     rows = pd.DataFrame(ROWS)

@@ -14,9 +14,9 @@ import pytest
 
 from grpo_pipeline.configs.schema import ConfigError, EvalConfig, RewardSpec, load_config
 from grpo_pipeline.rewards.registry import REGISTRY
-from grpo_pipeline.tasks.difficulty import Rollouts
 from grpo_pipeline.tasks.preflight import reward_entries
 from grpo_pipeline.tasks.scoring.items import score_items
+from grpo_pipeline.tasks.scoring.rollouts import Rollouts
 
 CODE = ["grpo.rewards=[{name: code_tests, params: {isolation: bwrap, float_tolerance: 0.01}}]"]
 

@@ -34,7 +34,6 @@ from grpo_pipeline.tasks.core.common import Checkpoint, Ref, fingerprint_path
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.difficulty import (
     DifficultyFilterError,
-    Rollouts,
     check_enough,
     filter_by_difficulty,
     filters_round,
@@ -42,6 +41,7 @@ from grpo_pipeline.tasks.difficulty import (
 )
 from grpo_pipeline.tasks.grpo import GRPORound, grpo_train
 from grpo_pipeline.tasks.model import prepare_base_model
+from grpo_pipeline.tasks.scoring.rollouts import Rollouts
 from tests.helpers import ROOT, cli_env, micro_overrides, run_cli
 
 N = 8
@@ -138,19 +138,29 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def policy(run_dir: Path) -> Checkpoint:
-    tiny = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_positions=32)
-    return prepare_base_model(ModelConfig(tiny=tiny), str(run_dir), 0)
+    return micro_policy(run_dir)
 
 
 @pytest.fixture(scope="module")
 def train(run_dir: Path) -> Ref:
+    return planted_rows(run_dir, PLANTED)
+
+
+def micro_policy(run_dir: Path) -> Checkpoint:
+    """A micro model that solves nothing: what it samples is noise, which the test rewards judge."""
+    tiny = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_positions=32)
+    return prepare_base_model(ModelConfig(tiny=tiny), str(run_dir), 0)
+
+
+def planted_rows(run_dir: Path, planted: list[int]) -> Ref:
+    """Addition rows, one per entry of `planted`: how many of a prompt's samples the `planted` reward calls right."""
     path = run_dir / "train.parquet"
     rows = pd.DataFrame(
         {
-            "prompt": [f"{10 + i}+{20 + 3 * i}=" for i in range(len(PLANTED))],
-            "answer": [str(30 + 4 * i) for i in range(len(PLANTED))],
-            "completion": [str(30 + 4 * i) for i in range(len(PLANTED))],
-            "planted": PLANTED,
+            "prompt": [f"{10 + i}+{20 + 3 * i}=" for i in range(len(planted))],
+            "answer": [str(30 + 4 * i) for i in range(len(planted))],
+            "completion": [str(30 + 4 * i) for i in range(len(planted))],
+            "planted": planted,
         }
     )
     rows.to_parquet(path, index=False)

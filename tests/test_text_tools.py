@@ -184,7 +184,8 @@ def test_the_sft_bar_and_the_difficulty_filter_run_episodes_with_the_recipes_too
     from grpo_pipeline.configs.schema import SFTStageConfig
     from grpo_pipeline.flows.grpo_pipeline import sft_bar
     from grpo_pipeline.tasks.core.common import Checkpoint, Ref
-    from grpo_pipeline.tasks.difficulty import Rollouts, pass_rates
+    from grpo_pipeline.tasks.difficulty import pass_rates
+    from grpo_pipeline.tasks.scoring.rollouts import Rollouts
     from grpo_pipeline.tasks.sft import bar_probe
 
     cfg = load_config(Path(__file__).parents[1] / "configs" / "tiny-tools.yaml", ["sft.stop_at_accuracy=0.9"])

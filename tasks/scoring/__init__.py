@@ -5,6 +5,7 @@ scoring/
   results.py     EvalResult: the scores and what reproduces them; items summarized, unscored shares checked
   generation.py  batched generation with the completions' token ids
   episodes.py    tool episodes of the one episode loop, behind generation's contract
+  rollouts.py    a policy sampled as a GRPO round samples it, each sample judged (difficulty filter, rft)
   items.py       each item judged by the correctness reward: pass@k, maj@k, rewards, unscored reasons
   metrics.py     pass@k, maj@k, bootstrap confidence intervals
   formats.py     benchmark formats: detection, correctness reward, loading

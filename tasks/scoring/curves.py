@@ -93,3 +93,32 @@ def rounds_figure(
         ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     return fig
+
+
+MATRIX_ARTIFACT = "plots/stages.png"
+
+
+def matrix_figure(rows: list[tuple[str, dict[str, float | None]]], metric: str) -> Figure:
+    """A staged run's stage x suite matrix as a heatmap: one row per stage's policy (the start first), one column per
+    suite, each cell `metric` with its value written in it (blank where the suite does not score it)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    suites = list(rows[0][1])
+    grid = np.array([[np.nan if v.get(s) is None else v[s] for s in suites] for _, v in rows], dtype=float)
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.4 * len(suites) + 2.5), 0.55 * len(rows) + 1.6), dpi=110)
+    low, high = min(0.0, np.nanmin(grid, initial=0.0)), max(1.0, np.nanmax(grid, initial=1.0))  # a reward's own range
+    image = ax.imshow(grid, cmap="viridis", vmin=low, vmax=high, aspect="auto")
+    ax.set_xticks(range(len(suites)), suites)
+    ax.set_yticks(range(len(rows)), [name for name, _ in rows])
+    for (i, j), value in np.ndenumerate(grid):
+        if not np.isnan(value):
+            dark = (value - low) < 0.6 * (high - low)
+            ax.text(j, i, f"{value:.2f}", ha="center", va="center", color="white" if dark else "black")
+    ax.set_title(f"{metric} by stage and suite")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,197 @@
+"""Alignment in stages (configs/stages.py): a stage inherits the recipe and overrides what it needs, is gated on its
+target suite with every earlier stage's suite guarded, and a staged run reports the stage x suite matrix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from grpo_pipeline.configs.schema import ConfigError, load_config
+from grpo_pipeline.flows.summary import StageRow
+from grpo_pipeline.flows.summary_tables import matrix_lines
+from grpo_pipeline.tasks.rft import rejection_sample
+from tests.helpers import finished, run_pipeline
+from tests.test_difficulty import PLANTED, PLANTED_REWARD, N, ctx, micro_policy, planted_rows, rollouts
+
+RECIPE = "configs/tiny-arith.yaml"
+SUITES = (
+    "eval.suites=[{name: heldout}, {name: sub, source: synthetic, num_problems: 24, synthetic: {operations: ['-']}}]"
+)
+SUB_DATA = "{synthetic: {operations: ['-'], teacher_carry_slip: 0, units_drill: 0}}"
+TWO_STAGES = (
+    "stages=[{name: add, target: heldout}, "
+    f"{{name: sub, target: sub, data: {SUB_DATA}, grpo: {{learning_rate: 1e-3}}, rounds: 1}}]"
+)
+
+
+def staged(*overrides: str):
+    return load_config(RECIPE, [SUITES, *overrides])
+
+
+def test_a_recipe_without_stages_is_one_stage_itself() -> None:
+    cfg = staged()
+    assert cfg.stage_configs() == [(None, cfg)]
+
+
+def test_a_stage_inherits_the_recipe_and_overrides_what_it_names() -> None:
+    cfg = staged(TWO_STAGES, "grpo.rounds=3", "registry.guard=[heldout/pass_at_4]")
+    (add, add_cfg), (sub, sub_cfg) = cfg.stage_configs()
+    assert (add.name, sub.name) == ("add", "sub")
+    assert add_cfg.data == cfg.data and add_cfg.grpo == cfg.grpo  # nothing overridden: the recipe's own
+    assert sub_cfg.data.synthetic.operations == ["-"] and sub_cfg.data.num_train == cfg.data.num_train  # merged
+    assert (sub_cfg.grpo.learning_rate, sub_cfg.grpo.rounds) == (1e-3, 1)
+    assert sub_cfg.grpo.rewards == cfg.grpo.rewards and sub_cfg.model == cfg.model and sub_cfg.eval == cfg.eval
+    assert not add_cfg.stages and not sub_cfg.stages
+    # each gated on its target suite by the recipe's metric; every earlier stage's suite is guarded, the recipe's
+    # own guards kept
+    assert (add_cfg.registry.gating_metric, add_cfg.registry.guard) == ("heldout/accuracy", ["heldout/pass_at_4"])
+    assert sub_cfg.registry.gating_metric == "sub/accuracy"
+    assert sub_cfg.registry.guard == ["heldout/pass_at_4", "heldout/accuracy"]
+
+
+@pytest.mark.parametrize(
+    ("stages", "message"),
+    [
+        ("stages=[{name: x, target: nope}]", r"stages\[0\] \(x\): target 'nope' is not an eval suite"),
+        ("stages=[{name: x, target: sub, grpo: {learning_rat: 1}}]", r"stages\[0\] \(x\).*grpo\.learning_rat: unknown"),
+        # the stage's own data fails as the recipe's would, naming the stage
+        (
+            "stages=[{name: x, target: sub, data: {synthetic: {operations: ['-']}}}]",
+            r"stages\[0\] \(x\).*teacher_carry",
+        ),
+        ("stages=[{name: x, target: sub, grpo: {tools: [calculator]}}]", r"a stage cannot change grpo\.tools"),
+        ("stages=[{name: x, target: sub}, {name: x, target: heldout}]", r"names must differ"),
+        ("stages=[{name: 'a b', target: sub}]", r"stage name 'a b'"),
+    ],
+)
+def test_a_stage_that_cannot_run_fails_when_the_recipe_loads(stages: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        staged(stages)
+
+
+def test_the_matrix_shows_what_each_stage_added_and_what_it_cost() -> None:
+    rows = [
+        StageRow(stage="", model="sft", values={"heldout": 0.30, "sub": 0.05}),
+        StageRow(stage="add", model="grpo add round 2", values={"heldout": 0.99, "sub": 0.05}, kept=True),
+        StageRow(stage="sub", model="grpo sub round 1", values={"heldout": 0.90, "sub": None}, kept=False),
+    ]
+    lines = matrix_lines(rows)
+    assert lines[2] == "| stage | model | heldout | sub | kept |"
+    assert lines[4] == "| start | sft | 0.300 | 0.050 |  |"
+    assert lines[5] == "| add | grpo add round 2 | 0.990 (+0.690) | 0.050 (+0.000) | yes |"
+    assert lines[6] == "| sub | grpo sub round 1 | 0.900 (-0.090) | - | **no** |"
+
+
+ALWAYS_RIGHT = """
+def always_right(completions, **kw):
+    return [1.0 for _ in completions]
+"""
+
+
+@pytest.mark.integration
+def test_a_staged_run_trains_each_stage_from_the_last_and_gates_it_on_its_suite(tmp_path: Path, prefect_api) -> None:
+    """Three micro stages: GRPO on the recipe, GRPO on its own prompts, and rejection sampling. Each starts from the
+    policy kept before it, is gated on its own suite with the earlier ones guarded, and the summary names each
+    stage's rounds and verdict and shows the matrix. The correctness reward calls every completion right, so that
+    rejection sampling keeps rows to fine-tune on from a micro model (the gate then sees no gain anywhere)."""
+    (tmp_path / "always.py").write_text(ALWAYS_RIGHT)
+    rft = "{name: self, kind: rft, target: heldout, samples_per_prompt: 2}"
+    stages = TWO_STAGES.removesuffix("]") + f", {rft}]"
+    proc, path = run_pipeline(
+        tmp_path, "staged", SUITES, stages, f"code_dir={tmp_path}", "eval.correctness_reward=always:always_right",
+        api=prefect_api,
+    )  # fmt: skip
+    summary = finished(proc, path)
+    ran = [s["stage"] for s in summary["stages"]]
+    expected = ["grpo-add-round1", "register-add-r1", "prepare_data-sub", "grpo-sub-round1", "register-sub-r1",
+                "rejection_sample-self", "sft-self", "register-self-r1"]  # fmt: skip
+    assert [s for s in ran if s in expected] == expected  # in this order: each stage after the one before it
+    (first, second, third) = summary["registrations"]
+    assert first["gate"]["metric"] == "heldout/accuracy" and second["gate"]["metric"] == "sub/accuracy"
+    assert [g["metric"] for g in second["gate"]["guards"]] == ["heldout/accuracy"]  # the first stage's suite
+    assert third["gate"]["metric"] == "heldout/accuracy" and [g["metric"] for g in third["gate"]["guards"]] == [
+        "sub/accuracy"
+    ]
+    assert [row["stage"] for row in summary["matrix"]] == ["", "add", "sub", "self"]
+    assert set(summary["matrix"][1]["values"]) == {"heldout", "sub"}
+    assert "stage add kept" in summary["stopped"] and "stage sub held back" in summary["stopped"]
+    (sampling,) = summary["rejection_sampling"]
+    assert sampling["kept"] == 200 and sampling["keep_rate"] == 1.0  # one per prompt: every sample was right
+    models = [r["model"] for r in summary["rounds"]]
+    assert models == ["sft", "grpo add round 1", "grpo sub round 1", "rft self"]
+
+
+def test_the_matrix_heatmap_writes_each_value_in_its_cell() -> None:
+    from grpo_pipeline.tasks.scoring.curves import matrix_figure
+
+    fig = matrix_figure([("sft", {"heldout": 0.3, "sub": 0.05}), ("sub", {"heldout": 0.9, "sub": None})], "accuracy")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.texts] == ["0.30", "0.05", "0.90"]  # the unscored cell left blank
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["sft", "sub"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["heldout", "sub"]
+
+
+# ----------------------------------------------------------------------------- rejection sampling (kind: rft)
+# The difficulty filter's micro model, rows and `planted` reward: the first `planted` samples of each prompt are
+# correct whatever the model wrote, so which samples rejection sampling may keep is known exactly.
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("rft")
+
+
+@pytest.fixture(scope="module")
+def policy(run_dir: Path):
+    return micro_policy(run_dir)
+
+
+@pytest.fixture(scope="module")
+def train(run_dir: Path):
+    return planted_rows(run_dir, PLANTED)
+
+
+def unscorable(completions: list[str], **_: object) -> list[float | None]:
+    """A reward that scores nothing: no sample is verified, none counted wrong."""
+    return [None for _ in completions]
+
+
+@pytest.mark.parametrize("kept_per_prompt", [1, 3])
+def test_rejection_sampling_keeps_only_verified_distinct_samples(
+    run_dir, policy, train, kept_per_prompt: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the run directory's own store
+    result = rejection_sample(policy, train, rollouts(PLANTED_REWARD), ctx(run_dir), "rft", N, kept_per_prompt)
+    samples = [json.loads(line) for line in Path(result.samples_path).read_text().splitlines()]
+    assert [s["verified"] for s in samples] == [[i < k for i in range(N)] for k in PLANTED]
+    kept = pd.read_parquet(result.train.path)
+    for sample, rows in zip(samples, [kept[kept["prompt"] == s["prompt"]] for s in samples], strict=True):
+        right = list(dict.fromkeys(c for c, ok in zip(sample["completions"], sample["verified"], strict=True) if ok))
+        assert rows["completion"].tolist() == right[:kept_per_prompt]  # verified, distinct, in sampled order
+    assert set(kept.columns) >= {"prompt", "answer", "completion"}
+    assert (result.sampled, result.verified, result.unscored) == (N * len(PLANTED), sum(PLANTED), 0)
+    assert result.keep_rate == sum(PLANTED) / (N * len(PLANTED))
+    assert result.prompts_kept == sum(k > 0 for k in PLANTED) and result.kept == len(kept)
+
+
+def test_rejection_sampling_keeps_nothing_it_could_not_score(run_dir, policy, train, monkeypatch) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    result = rejection_sample(policy, train, rollouts(f"{__name__}:unscorable"), ctx(run_dir), "none", 2, 1)
+    assert (result.kept, result.verified, result.unscored, result.keep_rate) == (0, 0, 2 * len(PLANTED), 0.0)
+    assert pd.read_parquet(result.train.path).empty
+
+
+def test_an_rft_stage_is_one_fine_tuning_on_plain_completions() -> None:
+    (_, _), (rft, rft_cfg) = staged(
+        "stages=[{name: add, target: heldout}, {name: self, kind: rft, target: heldout, sft: {max_steps: 7}}]"
+    ).stage_configs()
+    assert rft.kind == "rft" and rft_cfg.sft.max_steps == 7
+    with pytest.raises(ConfigError, match="an rft stage samples and fine-tunes once"):
+        staged("stages=[{name: self, kind: rft, target: heldout, rounds: 2}]")
+    with pytest.raises(ConfigError, match="a grpo stage runs no SFT"):
+        staged("stages=[{name: g, target: heldout, sft: {max_steps: 7}}]")
+    with pytest.raises(ConfigError, match="an rft stage fine-tunes on plain completions"):
+        load_config("configs/tiny-tools.yaml", ["stages=[{name: self, kind: rft, target: heldout}]"])
