@@ -186,20 +186,18 @@ class PipelineConfig(Section):
         return split_metric(self.registry.gating_metric, self.eval.suite_names())[0]
 
     def stage_configs(self) -> list[tuple[StageSpec | None, PipelineConfig]]:
-        """Each stage with the config its rounds run with (StageSpec.overrides): gated on its target suite by the
-        recipe's gating metric, with every earlier stage's target suite guarded. [(None, self)] without stages."""
+        """Each stage with the config its rounds run with (StageSpec.overrides): gated on its target (a suite, by the
+        recipe's gating metric, or a metric of one), with every earlier stage's target guarded. [(None, self)]
+        without stages."""
         if not self.stages:
             return [(None, self)]
-        raw, metric = (
-            self.model_dump(mode="json"),
-            split_metric(self.registry.gating_metric, self.eval.suite_names())[1],
-        )
+        raw, suites = self.model_dump(mode="json"), self.eval.suite_names()
+        metric = split_metric(self.registry.gating_metric, suites)[1].name
+        targets = [f"{s.target}/{metric}" if s.target in suites else s.target for s in self.stages]
         resolved = []
         for i, stage in enumerate(self.stages):
-            earlier = list(
-                dict.fromkeys(f"{s.target}/{metric.name}" for s in self.stages[:i] if s.target != stage.target)
-            )
-            stage_raw = stage.overrides(raw, f"{stage.target}/{metric.name}", earlier)
+            earlier = list(dict.fromkeys(t for t in targets[:i] if t != targets[i]))
+            stage_raw = stage.overrides(raw, targets[i], earlier)
             try:
                 resolved.append((stage, PipelineConfig.model_validate(stage_raw)))
             except ValidationError as err:
@@ -221,11 +219,13 @@ class PipelineConfig(Section):
                     f"stages[{i}] ({stage.name}): an rft stage fine-tunes on plain completions, and this recipe's "
                     "samples are tool episodes (grpo.tools, grpo.environment); use kind 'grpo'"
                 )
-            if stage.target not in suites:
+            try:
+                stage.target in suites or split_metric(stage.target, suites)
+            except ValueError as err:
                 raise ValueError(
-                    f"stages[{i}] ({stage.name}): target {stage.target!r} is not an eval suite; the suites are "
-                    f"{suites} (add it to eval.suites)"
-                )
+                    f"stages[{i}] ({stage.name}): target {stage.target!r} is neither an eval suite ({suites}) nor a "
+                    f"metric of one: {err}"
+                ) from None
         self.stage_configs()
         return self
 

@@ -35,8 +35,9 @@ class StageSpec(Section):
         "the stage's sft: section (tasks/rft.py).",
     )
     target: str = Field(
-        description="The eval suite (a name in eval.suites) this stage must improve on: its gating suite, and a "
-        "guarded suite of every later stage."
+        description="What this stage must improve: an eval suite (a name in eval.suites), by the recipe's gating "
+        "metric, or a metric of one (`<suite>/<metric>`, e.g. `sub/pass_at_4`). Its gate's metric, and a guarded "
+        "metric of every later stage."
     )
     rounds: int | None = Field(
         default=None, ge=1, description="GRPO rounds of this stage at most; null: grpo.rounds. Not for kind 'rft'."

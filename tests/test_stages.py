@@ -55,7 +55,9 @@ def test_a_stage_inherits_the_recipe_and_overrides_what_it_names() -> None:
 @pytest.mark.parametrize(
     ("stages", "message"),
     [
-        ("stages=[{name: x, target: nope}]", r"stages\[0\] \(x\): target 'nope' is not an eval suite"),
+        ("stages=[{name: x, target: nope}]", r"stages\[0\] \(x\): target 'nope' is neither an eval suite"),
+        ("stages=[{name: x, target: nope/accuracy}]", r"names no eval suite 'nope'"),
+        ("stages=[{name: x, target: sub/pass_at_64}]", r"stages\[0\] \(x\).*64 is not in eval\.k"),
         ("stages=[{name: x, target: sub, grpo: {learning_rat: 1}}]", r"stages\[0\] \(x\).*grpo\.learning_rat: unknown"),
         # the stage's own data fails as the recipe's would, naming the stage
         (
@@ -195,3 +197,31 @@ def test_an_rft_stage_is_one_fine_tuning_on_plain_completions() -> None:
         staged("stages=[{name: g, target: heldout, sft: {max_steps: 7}}]")
     with pytest.raises(ConfigError, match="an rft stage fine-tunes on plain completions"):
         load_config("configs/tiny-tools.yaml", ["stages=[{name: self, kind: rft, target: heldout}]"])
+
+
+@pytest.mark.slow
+def test_a_stage_that_erodes_an_earlier_skill_is_held_back_by_its_guard(tmp_path: Path, prefect_api) -> None:
+    """Stage 1 keeps what SFT taught (one-digit addition, every held-out problem right). Stage 2 trains on brevity
+    alone (a `shorter` reward, at 50x the learning rate): its own metric gains, and the addition it costs is caught by
+    the guard on stage 1's metric. Nothing of stage 2 takes champion, and the summary says which guard held it back."""
+    from tests.test_keep_best import SHORTER, TINY
+
+    (tmp_path / "keep_rewards.py").write_text(SHORTER)
+    taught = [o for o in TINY if not o.startswith(("grpo.rewards", "grpo.learning_rate", "data.num_"))]
+    brevity = "grpo: {rewards: [{name: 'keep_rewards:shorter'}], learning_rate: 0.05}"
+    short = f"{{name: short, target: heldout/reward/keep_rewards:shorter, {brevity}}}"
+    proc, path = run_pipeline(
+        tmp_path, "forget", *taught, "data.synthetic.min_digits=1", "data.num_train=50", "data.num_eval=12",
+        "data.num_probe=8", "sft.stop_at_accuracy=null", "sft.max_steps=150", "eval.suites=[{name: heldout}]",
+        f"stages=[{{name: add, target: heldout}}, {short}]", f"code_dir={tmp_path}", api=prefect_api,
+    )  # fmt: skip
+    summary = finished(proc, path)
+    _, add, brief = summary["matrix"]
+    assert add["kept"] and add["values"]["heldout"] >= 0.5  # stage 1 holds a skill to lose
+    first, second = summary["registrations"]
+    assert first["alias"] == "champion" and second["alias"] != "champion"  # stage 2 held back
+    (guard,) = second["gate"]["guards"]
+    assert guard["metric"] == "heldout/accuracy" and not guard["passed"]  # by the guard on stage 1's metric
+    assert second["gate"]["metric"] == "heldout/reward/keep_rewards:shorter" and second["gate"]["ci_low"] > 0
+    assert brief["values"]["heldout"] < add["values"]["heldout"] - 0.1 and brief["kept"] is False
+    assert "stage short held back" in summary["stopped"] and "heldout/accuracy" in summary["stopped"]
