@@ -205,6 +205,7 @@ class Summary(BaseModel):
     health: list[list[str]] = []
     # Each GRPO round's notes that are no alarm (saturation, the step it kept), in round order.
     notes: list[list[str]] = []
+    round_names: list[str] = []  # a staged recipe's rounds' names, in the order they ran (each names its stage)
     # Said before GRPO when the SFT policy is far below its own training data (tasks/sft_check.py).
     sft_warning: str | None = None
     # How the GRPO rounds trained: weights', optimizer state's and autocast's dtypes (model.train_precision).
@@ -259,6 +260,7 @@ class Summary(BaseModel):
             difficulty_filters=[r.difficulty for r in rounds if r.difficulty is not None],
             health=[list(r.policy.alarms) for r in rounds],
             notes=[list(r.policy.notes) for r in rounds],
+            round_names=[r.name for r in rounds] if cfg.stages else [],
             sft_warning=sft_warning,
             precision="; ".join(dict.fromkeys(r.policy.precision for r in rounds if r.policy.precision)),
             rollouts="; ".join(dict.fromkeys(r.policy.rollouts for r in rounds if r.policy.rollouts)),

@@ -73,10 +73,10 @@ def as_markdown(summary: Summary, width: int = WIDTH) -> str:
     if summary.difficulty_filters:
         lines += ["", *(f"Difficulty filter before {f.label}: {f.describe()}." for f in summary.difficulty_filters)]
     if summary.health:
-        lines += ["", *health_lines(summary.health)]
+        lines += ["", *health_lines(summary.health, summary.round_names)]
     if any(summary.notes):
         lines += ["", "Round notes:", ""]
-        lines += [f"- round {i}: {note}" for i, notes in enumerate(summary.notes, 1) for note in notes]
+        lines += [f"- {_round(summary.round_names, i)}: {n}" for i, notes in enumerate(summary.notes, 1) for n in notes]
     if summary.registrations:
         lines += ["", *registration_lines(summary.registrations)]
     return "\n".join(lines)
@@ -167,14 +167,15 @@ def registration_lines(registrations: Sequence[Registration]) -> list[str]:
     return lines
 
 
-def health_lines(health: Sequence[Sequence[str]]) -> list[str]:
-    """The "Training health" part: each round's alarms, or one line saying that every round was healthy."""
+def health_lines(health: Sequence[Sequence[str]], names: Sequence[str] = ()) -> list[str]:
+    """The "Training health" part: each round's alarms (under its name in `names`, a staged recipe's), or one line
+    saying that every round was healthy."""
     if not any(health):
         return [f"Training health: all {len(health)} GRPO round(s) healthy, no alarm (monitors.*)."]
     header = "Training health (monitors.*; a round with alarms takes champion only with registry.allow_unhealthy):"
     lines = [header, ""]
     for i, alarms in enumerate(health, 1):
-        lines.append(f"- round {i}: {f'{len(alarms)} alarm(s)' if alarms else 'healthy'}")
+        lines.append(f"- {_round(names, i)}: {f'{len(alarms)} alarm(s)' if alarms else 'healthy'}")
         lines += [f"  - {alarm}" for alarm in alarms]
     return lines
 
@@ -253,3 +254,8 @@ def matrix_lines(rows: Sequence[StageRow]) -> list[str]:
         kept = "" if row.kept is None else ("yes" if row.kept else "**no**")
         lines.append(f"| {row.stage or 'start'} | {row.model} | {' | '.join(cells)} | {kept} |")
     return lines
+
+
+def _round(names: Sequence[str], i: int) -> str:
+    """Round `i` (1-based, in the order the rounds ran) by its name where the summary has them, else `round i`."""
+    return names[i - 1] if len(names) >= i else f"round {i}"

@@ -225,3 +225,11 @@ def test_a_stage_that_erodes_an_earlier_skill_is_held_back_by_its_guard(tmp_path
     assert second["gate"]["metric"] == "heldout/reward/keep_rewards:shorter" and second["gate"]["ci_low"] > 0
     assert brief["values"]["heldout"] < add["values"]["heldout"] - 0.1 and brief["kept"] is False
     assert "stage short held back" in summary["stopped"] and "heldout/accuracy" in summary["stopped"]
+
+
+def test_a_staged_runs_notes_and_alarms_name_each_rounds_stage() -> None:
+    from grpo_pipeline.flows.summary_tables import health_lines
+
+    lines = health_lines([[], ["reward spread collapsed"]], ["grpo add round 1", "grpo sub round 1"])
+    assert lines[2:] == ["- grpo add round 1: healthy", "- grpo sub round 1: 1 alarm(s)", "  - reward spread collapsed"]
+    assert health_lines([[], ["x"]])[2:4] == ["- round 1: healthy", "- round 2: 1 alarm(s)"]  # without stages
