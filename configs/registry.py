@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pydantic import Field
 
 from grpo_pipeline.configs.base import Section
+from grpo_pipeline.configs.metrics import split_metric
 
 
 class RegistryConfig(Section):
@@ -26,6 +29,12 @@ class RegistryConfig(Section):
         "paired bootstrap 95% CI of its difference to the champion on the same items is above -guard_margin "
         "(non-inferiority).",
     )
+    guard_every_suite: bool = Field(
+        default=False,
+        description="Guard the gating metric on every eval suite but the gating one too, as if each were listed in "
+        "guard: a version is promoted only when it gains where it is gated and keeps every other suite (what a "
+        "retraining run on new data must not lose; the nightly deployment sets it).",
+    )
     guard_margin: float = Field(
         default=0.02,
         ge=0,
@@ -43,3 +52,11 @@ class RegistryConfig(Section):
         description="Let a GRPO round that raised a training-health alarm (monitors.*) take `champion` when the gate "
         "promotes it; by default such a round is registered as `challenger` only.",
     )
+
+    def guarded(self, suites: Sequence[str]) -> list[str]:
+        """The guarded metrics of an evaluation on `suites`: `guard`, and with `guard_every_suite` the gating metric
+        on every other suite (`<suite>/<metric>`)."""
+        if not self.guard_every_suite:
+            return list(self.guard)
+        gating_suite, metric = split_metric(self.gating_metric, suites)
+        return list(dict.fromkeys([*self.guard, *(f"{s}/{metric.name}" for s in suites if s != gating_suite)]))

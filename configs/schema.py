@@ -157,6 +157,8 @@ class PipelineConfig(Section):
         suites, rewards = self.eval.suite_names(), [r.name for r in self.grpo.rewards]
         named = [("gating_metric", self.registry.gating_metric)]
         named += [(f"guard[{i}]", m) for i, m in enumerate(self.registry.guard)]
+        extra = self.registry.guarded(suites)[len(self.registry.guard) :]  # guard_every_suite's
+        named += [("guard_every_suite", m) for m in extra]
         for field, metric in named:
             if why := unknown_metric(metric, suites, self.eval, rewards):
                 raise ValueError(f"registry.{field}: {why}")

@@ -141,7 +141,7 @@ def test_nightly_is_scheduled_inactive_continues_from_the_champion_and_caches(st
         run_deployment(stack, "grpo-pipeline/local", micro(stack))  # this test alone: register a champion first
     version = champion_version(stack)
 
-    overrides = micro(stack, f"model.base={champion}", "sft.enabled=false")
+    overrides = micro(stack, f"model.base={champion}", "sft.enabled=false", "registry.guard_every_suite=true")
     first = run_deployment(stack, "grpo-pipeline/nightly", overrides)
     assert first["state_type"] == "COMPLETED"
     assert "sft_warmup" not in {n.split("-")[0] for n in task_states(stack, first["id"])}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from grpo_pipeline.configs.schema import ConfigError, load_config
 from grpo_pipeline.flows.summary import StageRow
@@ -233,3 +234,16 @@ def test_a_staged_runs_notes_and_alarms_name_each_rounds_stage() -> None:
     lines = health_lines([[], ["reward spread collapsed"]], ["grpo add round 1", "grpo sub round 1"])
     assert lines[2:] == ["- grpo add round 1: healthy", "- grpo sub round 1: 1 alarm(s)", "  - reward spread collapsed"]
     assert health_lines([[], ["x"]])[2:4] == ["- round 1: healthy", "- round 2: 1 alarm(s)"]  # without stages
+
+
+def test_retraining_guards_every_suite_but_the_gated_one() -> None:
+    """The nightly run's gate (registry.guard_every_suite): it gains where it is gated and keeps every other suite."""
+    cfg = staged("registry.guard_every_suite=true", "registry.guard=[heldout/pass_at_4]")
+    assert cfg.registry.guarded(cfg.eval.suite_names()) == ["heldout/pass_at_4", "sub/accuracy"]
+    assert staged("registry.guard=[heldout/pass_at_4]").registry.guarded(["heldout", "sub"]) == ["heldout/pass_at_4"]
+    # a gating metric another suite does not produce fails when the recipe loads, not at the register stage
+    with pytest.raises(ConfigError, match=r"registry\.guard_every_suite: 'sub/reward/format'"):
+        staged("registry.guard_every_suite=true", "registry.gating_metric=heldout/reward/format")
+    deployments = yaml.safe_load((Path(__file__).parents[1] / "deployments" / "prefect.yaml").read_text())
+    (nightly,) = [d for d in deployments["deployments"] if d["name"] == "nightly"]
+    assert "registry.guard_every_suite=true" in nightly["parameters"]["overrides"]

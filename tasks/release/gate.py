@@ -179,8 +179,9 @@ def decide(
     `cfg.model_name` on the same items, and each guarded metric on its suite's items (`suites`, by name); `alarms`
     (the round's training-health alarms) hold it back from champion unless `cfg.allow_unhealthy`."""
     decision = _compare(client, cfg, result, items, ctx)
-    if cfg.guard:
-        decision = guard_rule(decision, cfg, _guards(client, cfg, suites or {result.suite: result}, ctx))
+    suites = suites or {result.suite: result}
+    if cfg.guarded(list(suites)):
+        decision = guard_rule(decision, cfg, _guards(client, cfg, suites, ctx))
     return health_rule(decision, alarms, cfg)
 
 
@@ -201,7 +202,7 @@ def _guards(
     champion = current_champion(client, cfg.model_name)
     names = list(suites)
     checks = []
-    for metric in cfg.guard:
+    for metric in cfg.guarded(names):
         suite, bare = split_metric(metric, names)  # the config check has named every suite a guard reads
         checks.append(_guard(client, champion, metric, bare, suites[suite], cfg.guard_margin, ctx))
     return checks
