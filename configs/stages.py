@@ -1,13 +1,14 @@
 """stages: alignment in stages, each adding a skill on its own data and rewards, gated so that none is lost.
 
-A recipe without `stages` is one stage: its GRPO rounds on its data. With `stages`, the rounds run once per stage, in
-order, each stage starting from the policy the one before it kept. A stage inherits the whole recipe and overrides
-what it needs (its `data:` and `grpo:` fields, its number of rounds); every stage's policy is scored on every eval
-suite, and the registry's gate decides whether it is kept: it must beat the policy it started from on its `target`
-suite (`registry.min_delta`, paired bootstrap CI) while every earlier stage's target suite stays within
-`registry.guard_margin` (the gate's non-inferiority guards). A stage the gate holds back is dropped (the next stage
-starts from the policy before it) or ends the run (`on_held_back`). `StageSpec.resolve` turns a stage into the
-`PipelineConfig` its rounds run with, so everything downstream reads one config type whether or not there are stages.
+A recipe without `stages` is one stage: its GRPO rounds on its data. With `stages`, they run in order, each stage
+starting from the policy the stages before it kept. A stage inherits the whole recipe and overrides what it needs
+(its `data:`, `grpo:` and, for an rft stage, `sft:` fields, its number of rounds); every stage's policy is scored on
+every eval suite, and the registry's gate decides whether it is kept: it must beat the champion (the policy it
+started from, when the stage before it was kept) on its `target` (`registry.min_delta`, paired bootstrap CI) while
+every earlier stage's target stays within `registry.guard_margin` (the gate's non-inferiority guards). A stage the
+gate holds back is dropped (the next stage starts from the policy before it) or ends the run (`on_held_back`).
+`PipelineConfig.stage_configs()` turns each stage into the whole `PipelineConfig` it runs with, so everything
+downstream reads one config type whether or not there are stages.
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ class StageSpec(Section):
     )
     on_held_back: Literal["drop", "stop"] = Field(
         default="drop",
-        description="When the gate holds the stage's policy back (no gain on its target suite, or an earlier stage's "
-        "suite lost more than registry.guard_margin): 'drop' goes on to the next stage from the policy before this "
+        description="When the gate holds the stage's policy back (no gain on its target, or an earlier stage's "
+        "target lost more than registry.guard_margin): 'drop' goes on to the next stage from the policy before this "
         "one; 'stop' ends the run there.",
     )
 
@@ -91,7 +92,7 @@ class StageSpec(Section):
         return v
 
     def overrides(self, raw: dict[str, Any], gating: str, guards: list[str]) -> dict[str, Any]:
-        """The recipe's `raw` config (a model_dump) as this stage runs it: its data and grpo fields over the
+        """The recipe's `raw` config (a model_dump) as this stage runs it: its data, sft and grpo fields over the
         recipe's, its rounds, `gating` as the registry's gating metric and `guards` added to its guards, no stages."""
         grpo = merged(raw["grpo"], self.grpo)
         if self.rounds is not None:

@@ -1,5 +1,5 @@
-"""Stage of a staged recipe's `kind: rft` stage, rejection_sample: the policy's own verified completions, to fine-tune
-it on.
+"""Stage of an rft stage (a staged recipe's `kind: rft`), rejection_sample: the policy's own verified completions, to
+fine-tune it on.
 
 Rejection-sampling fine-tuning (STaR, Zelikman et al. 2022; ReST-EM, Singh et al. 2023, sec. 3; Llama 3's rejection
 sampling, Dubey et al. 2024, sec. 4.2.2): sample `samples_per_prompt` completions of the current policy for each of the
@@ -43,16 +43,18 @@ class RFTData(BaseModel):
 
     @computed_field
     @property
-    def keep_rate(self) -> float:
-        """Verified samples over scored samples (0 when none was scored)."""
+    def keep_rate(self) -> float | None:
+        """Verified samples over scored samples; None when the correctness reward scored none (`describe` says so)."""
         scored = self.sampled - self.unscored
-        return self.verified / scored if scored else 0.0
+        return self.verified / scored if scored else None
 
     def describe(self) -> str:
+        rate = "no keep rate: the correctness reward scored no sample" if self.keep_rate is None else (
+            f"keep rate {self.keep_rate:.1%}")  # fmt: skip
         return (
-            f"{self.verified} of {self.sampled - self.unscored} scored samples verified (keep rate "
-            f"{self.keep_rate:.1%}; {self.samples_per_prompt} per prompt), {self.kept} rows kept from "
-            f"{self.prompts_kept} of {self.prompts} prompts"
+            f"{self.verified} of {self.sampled - self.unscored} scored samples verified ({rate}; "
+            f"{self.samples_per_prompt} per prompt), {self.kept} rows kept from {self.prompts_kept} of {self.prompts} "
+            "prompts"
         )
 
     def local_files(self) -> list[str]:
@@ -115,7 +117,7 @@ def _track(result: RFTData, policy: Checkpoint, rollouts: Rollouts, ctx: RunCont
         mlflow.log_params({**params, "samples_per_prompt": result.samples_per_prompt, "seed": ctx.seed})
         mlflow.log_metrics(
             {
-                "rft/keep_rate": result.keep_rate,
+                **({"rft/keep_rate": result.keep_rate} if result.keep_rate is not None else {}),
                 "rft/verified": result.verified,
                 "rft/kept": result.kept,
                 "rft/prompts_kept": result.prompts_kept,

@@ -183,7 +183,8 @@ def test_rejection_sampling_keeps_only_verified_distinct_samples(
 def test_rejection_sampling_keeps_nothing_it_could_not_score(run_dir, policy, train, monkeypatch) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     result = rejection_sample(policy, train, rollouts(f"{__name__}:unscorable"), ctx(run_dir), "none", 2, 1)
-    assert (result.kept, result.verified, result.unscored, result.keep_rate) == (0, 0, 2 * len(PLANTED), 0.0)
+    assert (result.kept, result.verified, result.unscored, result.keep_rate) == (0, 0, 2 * len(PLANTED), None)
+    assert "no keep rate: the correctness reward scored no sample" in result.describe()  # not a silent 0
     assert pd.read_parquet(result.train.path).empty
 
 
