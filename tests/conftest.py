@@ -44,6 +44,7 @@ SLOWEST_FIRST = {
     "test_resume.py": 66,
     "test_bad_input.py": 64,
     "test_register.py": 54,
+    "test_stages.py": 50,
     "test_rehearse.py": 45,
     "test_suites.py": 38,
     "test_difficulty.py": 37,
