@@ -282,6 +282,7 @@ def seen(prompts, completions, **kwargs):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_chat_pipeline_through_the_cli(tmp_path: Path, prefect_api: str) -> None:
     """A micro run with chat prompts: SFT and GRPO tokenize the rendered template (MLflow `num_tokens` per
     sequence is far above what the bare prompts have), GRPO's rewards get messages, the eval keeps the rendered

@@ -116,6 +116,7 @@ RANK_PROBE = textwrap.dedent("""\
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_two_processes_whose_probes_disagree_stop_and_keep_alike(tmp_path: Path) -> None:
     (tmp_path / "rank_probe.py").write_text(RANK_PROBE)
     add_import_paths(tmp_path)

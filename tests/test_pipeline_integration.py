@@ -272,6 +272,7 @@ def test_changed_grpo_value_reruns_only_the_grpo_side(reruns):
         assert after == {champ: ["champion"], reg["version"]: ["challenger"]}
 
 
+@pytest.mark.slow
 def test_refresh_reruns_everything(reruns):
     summary = reruns["refresh"].summary
     assert not any(states(summary).values()), states(summary)

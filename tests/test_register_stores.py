@@ -97,6 +97,7 @@ def prefect_api(tmp_path_factory):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_a_cached_register_stage_registers_again_in_a_new_store_or_after_a_deletion(stores, prefect_api):
     from prefect import flow
 

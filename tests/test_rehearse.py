@@ -295,9 +295,10 @@ def test_a_rehearsals_card_says_so_first():
 # ----------------------------------------------------------------------------- end to end, as a user runs it
 
 
-# The plain GSM8K and the coding recipe (every stage, the sandbox) stay in `make test`; their variants (LoRA, QLoRA,
-# multi-GPU, tools: the same DAG with other training and episode settings, 1-3 min each) run in `make test-slow`.
-REHEARSED_IN_MAKE_TEST = {GSM8K, CODER}
+# The plain GSM8K recipe (every stage of a hub model's recipe) stays in `make test`; the others (the coding recipe,
+# whose sandbox tests/test_tiny_code.py runs through the CLI, and LoRA, QLoRA, multi-GPU, tools: the same DAG with
+# other training and episode settings, 0.5-3 min each) run in `make test-slow`.
+REHEARSED_IN_MAKE_TEST = {GSM8K}
 
 
 @pytest.mark.integration

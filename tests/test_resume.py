@@ -324,6 +324,7 @@ def stage_meta_missing(run_dir: Path, folder: str) -> bool:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_a_failed_grpo_task_is_retried_by_prefect_and_resumes(tmp_path, prefect_api):
     (tmp_path / "flaky_reward.py").write_text(FLAKY_REWARD)
     extra = [

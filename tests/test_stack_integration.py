@@ -24,7 +24,9 @@ import pytest
 from grpo_pipeline.stack import Stack
 from tests.helpers import ROOT, cli_env, micro_overrides, serve_stack
 
-pytestmark = pytest.mark.integration
+# The local stack (a Prefect server, an MLflow server, workers and deployments) takes a minute to start and each
+# deployment run another: the whole module runs in `make test-slow`; `make test` has the servers in tests of their own.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 BIN = Path(sys.executable).parent
 MODEL = "stack-micro"
@@ -159,7 +161,6 @@ def test_nightly_is_scheduled_inactive_continues_from_the_champion_and_caches(st
         assert any(name.startswith("pin_model") for name in states), states
 
 
-@pytest.mark.slow
 def test_cancelling_the_pipeline_cancels_its_grpo_child(stack: Stack) -> None:
     params = json.dumps({"overrides": micro(stack, "grpo.work_pool=gpu", "grpo.steps_per_round=5000", "seed=7")})
     proc = prefect_cli(stack, "deployment", "run", "grpo-pipeline/local", "--params", params)
@@ -194,7 +195,6 @@ def explode(prompts, completions, trainer_state=None, **kwargs):
 """
 
 
-@pytest.mark.slow
 def test_a_failed_grpo_child_fails_the_pipeline_with_its_error(stack: Stack, tmp_path: Path) -> None:
     """The child on the gpu pool imports the user's reward from beside the recipe, fails in training, and the
     parent fails with the child's error instead of carrying on."""
@@ -243,7 +243,6 @@ def isolated_worker(stack: Stack, home: Path) -> tuple[subprocess.Popen, bool]:
     return proc, namespaces
 
 
-@pytest.mark.slow
 def test_a_gpu_worker_that_shares_nothing_but_the_two_urls(stack: Stack, tmp_path: Path) -> None:
     """The round's inputs reach the worker through MLflow and its result comes back through MLflow: the worker
     cannot read the pipeline's run directory and has its own Prefect result storage (runs last: it replaces the

@@ -275,6 +275,7 @@ def test_without_guards_the_other_suites_do_not_gate(store):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_a_run_with_two_suites_scores_logs_and_guards_both(tmp_path, prefect_api):
     """The micro pipeline on training rows from a file, with a benchmark file as a second suite: a training row
     planted from the benchmark is dropped and said so; both suites are scored for SFT and each round, printed as a
