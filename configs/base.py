@@ -1,5 +1,6 @@
-"""What every config section shares: the strict base class, the error that names the field, and the mark of
-a field left out of the stage keys (`UNKEYED`, read by `keyed_view` and `section_hash`)."""
+"""What every config section shares: the strict base class, the error that names the field (and a validation
+error's lines, each naming one), and the mark of a field left out of the stage keys (`UNKEYED`, read by `keyed_view`
+and `section_hash`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import hashlib
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import to_jsonable_python
 
 # A field that changes how a stage runs but not what it computes (how often it checkpoints): left out of the
@@ -54,3 +55,18 @@ def keyed_view(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: keyed_view(v) for k, v in value.items()}
     return value
+
+
+def format_validation_error(err: ValidationError, origin: str) -> str:
+    """A pydantic error as the lines a user reads: `invalid config (<origin>):`, then `  - <field>: <what to change>`
+    for each problem."""
+    lines = [f"invalid config ({origin}):"]
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field; check the spelling (`grpo-pipeline config --schema` lists every field)"
+        elif not (e["type"] == "value_error" and isinstance(e.get("input"), dict)):  # a section's check names fields
+            msg = f"{msg} (got {e.get('input')!r})"
+        lines.append(f"  - {field}: {msg}" if field else f"  - {msg}")  # a whole-config check names its fields
+    return "\n".join(lines)

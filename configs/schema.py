@@ -16,7 +16,14 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 # The sections live one per module beside this one; they are re-exported here, where code has always imported
 # them from.
-from grpo_pipeline.configs.base import UNKEYED, ConfigError, Section, keyed_view, section_hash
+from grpo_pipeline.configs.base import (
+    UNKEYED,
+    ConfigError,
+    Section,
+    format_validation_error,
+    keyed_view,
+    section_hash,
+)
 from grpo_pipeline.configs.data import FUNCTION_FAMILIES, DataConfig, SyntheticTaskConfig
 from grpo_pipeline.configs.distributed import DistributedConfig
 from grpo_pipeline.configs.eval import CORRECTNESS, HELDOUT, EvalConfig, EvalSuiteConfig
@@ -27,7 +34,7 @@ from grpo_pipeline.configs.monitors import MonitorsConfig
 from grpo_pipeline.configs.registry import RegistryConfig
 from grpo_pipeline.configs.rehearsal import RehearsalConfig
 from grpo_pipeline.configs.sft import SFTStageConfig
-from grpo_pipeline.configs.stages import StageSpec
+from grpo_pipeline.configs.stages import StageSpec, check_stages, stage_configs
 
 __all__ = [
     "CORRECTNESS",
@@ -188,47 +195,13 @@ class PipelineConfig(Section):
         return split_metric(self.registry.gating_metric, self.eval.suite_names())[0]
 
     def stage_configs(self) -> list[tuple[StageSpec | None, PipelineConfig]]:
-        """Each stage with the config its rounds run with (StageSpec.overrides): gated on its target (a suite, by the
-        recipe's gating metric, or a metric of one), with every earlier stage's target guarded. [(None, self)]
+        """Each stage with the config its rounds run with (configs/stages.py, `stage_configs`); [(None, self)]
         without stages."""
-        if not self.stages:
-            return [(None, self)]
-        raw, suites = self.model_dump(mode="json"), self.eval.suite_names()
-        metric = split_metric(self.registry.gating_metric, suites)[1].name
-        targets = [f"{s.target}/{metric}" if s.target in suites else s.target for s in self.stages]
-        resolved = []
-        for i, stage in enumerate(self.stages):
-            earlier = list(dict.fromkeys(t for t in targets[:i] if t != targets[i]))
-            stage_raw = stage.overrides(raw, targets[i], earlier)
-            try:
-                resolved.append((stage, PipelineConfig.model_validate(stage_raw)))
-            except ValidationError as err:
-                problems = _format_validation_error(err, "").splitlines()[1:]  # each `  - field: what to change`
-                raise ValueError(f"stages[{i}] ({stage.name}), over the recipe: " + "; ".join(
-                    p.removeprefix("  - ") for p in problems)) from None  # fmt: skip
-        return resolved
+        return stage_configs(self)
 
     @model_validator(mode="after")
     def _stages_resolve(self) -> PipelineConfig:
-        # A stage is checked when the recipe loads, as the recipe is: its target suite exists, its overrides give a
-        # valid config (a misspelt field or a batch that does not fit fails here, not after the stages before it).
-        names, suites = [s.name for s in self.stages], self.eval.suite_names()
-        if len(set(names)) != len(names):
-            raise ValueError(f"stages: names must differ, got {names}")
-        for i, stage in enumerate(self.stages):
-            if stage.kind == "rft" and self.grpo.sampling.uses_tools:
-                raise ValueError(
-                    f"stages[{i}] ({stage.name}): an rft stage fine-tunes on plain completions, and this recipe's "
-                    "samples are tool episodes (grpo.tools, grpo.environment); use kind 'grpo'"
-                )
-            try:
-                stage.target in suites or split_metric(stage.target, suites)
-            except ValueError as err:
-                raise ValueError(
-                    f"stages[{i}] ({stage.name}): target {stage.target!r} is neither an eval suite ({suites}) nor a "
-                    f"metric of one: {err}"
-                ) from None
-        self.stage_configs()
+        check_stages(self)  # when the recipe loads, as the recipe is (configs/stages.py)
         return self
 
     @model_validator(mode="after")
@@ -371,19 +344,6 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return result
 
 
-def _format_validation_error(err: ValidationError, origin: str) -> str:
-    lines = [f"invalid config ({origin}):"]
-    for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field; check the spelling (`grpo-pipeline config --schema` lists every field)"
-        elif not (e["type"] == "value_error" and isinstance(e.get("input"), dict)):  # a section's check names fields
-            msg = f"{msg} (got {e.get('input')!r})"
-        lines.append(f"  - {field}: {msg}" if field else f"  - {msg}")  # a whole-config check names its fields
-    return "\n".join(lines)
-
-
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:
     """Load a YAML recipe (or the defaults when `path` is None), apply overrides, validate once."""
     raw: dict = {}
@@ -404,4 +364,4 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     try:
         return PipelineConfig.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError(_format_validation_error(e, origin)) from None
+        raise ConfigError(format_validation_error(e, origin)) from None

@@ -7,17 +7,19 @@ every eval suite, and the registry's gate decides whether it is kept: it must be
 started from, when the stage before it was kept) on its `target` (`registry.min_delta`, paired bootstrap CI) while
 every earlier stage's target stays within `registry.guard_margin` (the gate's non-inferiority guards). A stage the
 gate holds back is dropped (the next stage starts from the policy before it) or ends the run (`on_held_back`).
-`PipelineConfig.stage_configs()` turns each stage into the whole `PipelineConfig` it runs with, so everything
-downstream reads one config type whether or not there are stages.
+`stage_configs` (`PipelineConfig.stage_configs()`) turns each stage into the whole `PipelineConfig` it runs with, so
+everything downstream reads one config type whether or not there are stages; `check_stages` checks them all when the
+recipe loads.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from grpo_pipeline.configs.base import Section
+from grpo_pipeline.configs.base import Section, format_validation_error
+from grpo_pipeline.configs.metrics import split_metric
 
 # What a stage may not change: evaluation scores every stage's policy with the recipe's settings (its suites, the
 # tools its episodes call), and a stage starts from the last one's policy, so the model and the SFT are the recipe's.
@@ -109,3 +111,53 @@ def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
         nested = isinstance(value, dict) and isinstance(out.get(key), dict)
         out[key] = merged(out[key], value) if nested else value
     return out
+
+
+# The recipe's config: PipelineConfig (configs/schema.py), which imports this module, so the functions below read it
+# as the value they are given and validate a stage's config as its class.
+Config = TypeVar("Config", bound=Section)
+
+
+def stage_configs(cfg: Config) -> list[tuple[StageSpec | None, Config]]:
+    """Each of `cfg`'s stages with the config its rounds run with (StageSpec.overrides): gated on its target (a suite,
+    by the recipe's gating metric, or a metric of one), with every earlier stage's target guarded. [(None, cfg)]
+    without stages."""
+    if not cfg.stages:
+        return [(None, cfg)]
+    raw, suites = cfg.model_dump(mode="json"), cfg.eval.suite_names()
+    metric = split_metric(cfg.registry.gating_metric, suites)[1].name
+    targets = [f"{s.target}/{metric}" if s.target in suites else s.target for s in cfg.stages]
+    resolved = []
+    for i, stage in enumerate(cfg.stages):
+        earlier = list(dict.fromkeys(t for t in targets[:i] if t != targets[i]))
+        stage_raw = stage.overrides(raw, targets[i], earlier)
+        try:
+            resolved.append((stage, type(cfg).model_validate(stage_raw)))
+        except ValidationError as err:
+            problems = format_validation_error(err, "").splitlines()[1:]  # each `  - field: what to change`
+            raise ValueError(f"stages[{i}] ({stage.name}), over the recipe: " + "; ".join(
+                p.removeprefix("  - ") for p in problems)) from None  # fmt: skip
+    return resolved
+
+
+def check_stages(cfg: Section) -> None:
+    """`cfg`'s stages checked when the recipe loads, as the recipe is: their names differ, an rft stage samples plain
+    completions, each target is a suite or a metric of one, and each stage's overrides give a valid config (a
+    misspelt field or a batch that does not fit fails here, not after the stages before it)."""
+    names, suites = [s.name for s in cfg.stages], cfg.eval.suite_names()
+    if len(set(names)) != len(names):
+        raise ValueError(f"stages: names must differ, got {names}")
+    for i, stage in enumerate(cfg.stages):
+        if stage.kind == "rft" and cfg.grpo.sampling.uses_tools:
+            raise ValueError(
+                f"stages[{i}] ({stage.name}): an rft stage fine-tunes on plain completions, and this recipe's "
+                "samples are tool episodes (grpo.tools, grpo.environment); use kind 'grpo'"
+            )
+        try:
+            stage.target in suites or split_metric(stage.target, suites)
+        except ValueError as err:
+            raise ValueError(
+                f"stages[{i}] ({stage.name}): target {stage.target!r} is neither an eval suite ({suites}) nor a "
+                f"metric of one: {err}"
+            ) from None
+    stage_configs(cfg)
