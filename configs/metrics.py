@@ -9,7 +9,7 @@ An evaluation scores each policy on every suite (configs/eval.py) with
     `code_tests`: a program has none);
   - `reward/<name>` for each training reward (grpo.rewards), the mean over the samples: on held-out suites only
     (`source: heldout`), since another benchmark's rows need not have the columns a training reward reads
-    (flows/grpo_pipeline.py, `evaluate_suites`).
+    (flows/rounds.py, `evaluate_suites`).
 
 A name may be given as `<suite>/<metric>` (`gsm8k_test/pass_at_4`); a bare name is of the first suite. No suite may
 be named `reward` (configs/eval.py), so `reward/<name>` is never read as a suite's.

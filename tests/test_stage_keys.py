@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from grpo_pipeline.configs.schema import HELDOUT, EvalConfig, load_config
-from grpo_pipeline.flows.grpo_pipeline import sft_bar
+from grpo_pipeline.flows.inputs import sft_bar
 from grpo_pipeline.tasks.core import stage as stage_mod
 from grpo_pipeline.tasks.core.common import Checkpoint, DatasetRefs, Ref
 from grpo_pipeline.tasks.core.stage import RunContext, code_version, module_closure, user_code

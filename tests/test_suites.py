@@ -338,7 +338,7 @@ def test_a_suite_that_cannot_be_read_here_stops_the_run_before_anything_runs(tmp
 def test_no_stage_trains_on_a_suites_prompts(tmp_path):
     """The default recipe's SFT rows are its training split plus a units drill (`07+08=`): a suite of those drill
     problems is dropped from SFT's rows, not only from the training split's, and the training split loses nothing."""
-    from grpo_pipeline.flows.grpo_pipeline import prepare_inputs
+    from grpo_pipeline.flows.inputs import prepare_inputs
 
     def direct(name, stage, /, *, listed=True, **inputs):  # the stages as plain functions, without Prefect
         return stage.fn(**inputs)
@@ -361,7 +361,7 @@ def test_no_stage_trains_on_a_suites_prompts(tmp_path):
 def test_the_probe_reads_no_suites_prompt(tmp_path):
     """The probe split chooses checkpoints, ends SFT at its bar and stops rounds: a suite's prompt among its rows is
     dropped as a training row's is, and its other rows stay."""
-    from grpo_pipeline.flows.grpo_pipeline import prepare_inputs
+    from grpo_pipeline.flows.inputs import prepare_inputs
 
     def direct(name, stage, /, *, listed=True, **inputs):  # the stages as plain functions, without Prefect
         return stage.fn(**inputs)

@@ -182,7 +182,7 @@ def test_the_sft_bar_and_the_difficulty_filter_run_episodes_with_the_recipes_too
     tiny_dir: Path, tmp_path: Path, tokenizer, monkeypatch
 ) -> None:
     from grpo_pipeline.configs.schema import SFTStageConfig
-    from grpo_pipeline.flows.grpo_pipeline import sft_bar
+    from grpo_pipeline.flows.inputs import sft_bar
     from grpo_pipeline.tasks.core.common import Checkpoint, Ref
     from grpo_pipeline.tasks.difficulty import pass_rates
     from grpo_pipeline.tasks.scoring.rollouts import Rollouts
@@ -265,7 +265,7 @@ def test_text_tool_calls_with_vllm_rollouts_are_refused_before_sft(tmp_path, mon
     GRPO step, after SFT): where `auto` resolves to vLLM (simulated: CUDA and the vllm package), the input checks
     that run between base_model and sft_warmup refuse it, saying what to set."""
     import grpo_pipeline.tasks.training.trainer as trainer
-    from grpo_pipeline.flows.grpo_pipeline import prepare_inputs
+    from grpo_pipeline.flows.inputs import prepare_inputs
     from grpo_pipeline.tasks.model import prepare_base_model
     from grpo_pipeline.tasks.preflight import PreflightError, check_inputs
 

@@ -3,7 +3,7 @@
 A stage decorated with `@on_cluster` runs, when its run context says `backend: ray`, as one Ray task that reserves
 one worker's resources (`distributed.resources_per_worker`, one CPU by default) on whichever node has them free,
 on the cluster at `distributed.ray_address` or on the local one the run started. The flow submits every suite's
-evaluation of a model at once (flows/grpo_pipeline.py, `evaluate_suites`), so a cluster scores them side by side.
+evaluation of a model at once (flows/rounds.py, `evaluate_suites`), so a cluster scores them side by side.
 
 As for a Ray Train job (tasks/core/ray_launch.py), the node needs no disk of the pipeline's: the stage's inputs (the
 policy, the suite's rows) are published to the MLflow artifact store and fetched by a node that lacks them; the task
