@@ -92,8 +92,8 @@ def run_stages(cfg: PipelineConfig, run: Stages) -> Summary:
         )  # fmt: skip
     warning = learned.warning if learned else None
 
-    release = Release(run, cfg, base, baselines, sft_warning=warning, clean=clean)
-    rounds, stopped = staged_rounds(run, cfg, policy, baselines, data, suites, model_cfg, release)
+    release = Release(run, cfg, suites, model_cfg, base, baselines, sft_warning=warning, clean=clean)
+    rounds, stopped = staged_rounds(release, policy, baselines, data)
     return Summary.build(
         cfg, run.records, baseline, rounds,
         sft_warning=warning, scores_of=scores_of, suite_seconds=run.suite_seconds, clean=clean, stopped=stopped,

@@ -33,26 +33,18 @@ from grpo_pipeline.tasks.scoring.rollouts import Rollouts
 Scores = dict[str, EvalResult]  # a policy's evaluation on every suite, by suite name, in the configured order
 
 
-def staged_rounds(
-    run: Stages,
-    cfg: PipelineConfig,
-    policy: Checkpoint,
-    scores: Scores,
-    data: DatasetRefs,
-    suites: dict[str, Ref],
-    model_cfg: ModelConfig,
-    release: Release,
-) -> tuple[list[Round], str]:
+def staged_rounds(release: Release, policy: Checkpoint, scores: Scores, data: DatasetRefs) -> tuple[list[Round], str]:
     """The recipe's GRPO rounds, stage by stage (configs/stages.py), and what ended them early. Each stage's rounds
     start from the policy the stages before it kept, on the stage's own prompts, and the registry's gate (the stage's
     target suite, every earlier stage's guarded) decides whether the stage is kept: a stage none of whose rounds
     took `champion` is dropped, or ends the run (its on_held_back). Without stages: the recipe's rounds."""
+    run = release.run
     rounds: list[Round] = []
     verdicts = []
-    for spec, stage_cfg in cfg.stage_configs():
+    for spec, stage_cfg in release.cfg.stage_configs():
         if spec is None:
-            return grpo_rounds(run, cfg, policy, scores, data, suites, model_cfg, release)
-        stage_data = data if not spec.data else stage_inputs(run, stage_cfg, spec.name, suites)
+            return grpo_rounds(release, policy, scores, data)
+        stage_data = data if not spec.data else stage_inputs(run, stage_cfg, spec.name, release.suites)
         if spec.data or spec.grpo:  # its rewards score its rows, its prompts fit the context, a batch of them exists
             run(
                 f"check_inputs-{spec.name}", check_inputs, listed=False,
@@ -60,10 +52,9 @@ def staged_rounds(
             )  # fmt: skip
         stage_release = dataclasses.replace(release, cfg=stage_cfg)
         if spec.kind == "rft":
-            ran, stopped = rft_stage(run, stage_cfg, spec, policy, stage_data, suites, model_cfg, stage_release, rounds)
+            ran, stopped = rft_stage(stage_release, spec, policy, stage_data, before=rounds)
         else:
-            ran, stopped = grpo_rounds(run, stage_cfg, policy, scores, stage_data, suites, model_cfg, stage_release,
-                                       stage=spec.name, before=rounds)  # fmt: skip
+            ran, stopped = grpo_rounds(stage_release, policy, scores, stage_data, stage=spec.name, before=rounds)
         rounds += ran
         kept = [x for x in ran if x.registration and x.registration.alias == CHAMPION]
         if kept:
@@ -80,19 +71,12 @@ def staged_rounds(
 
 
 def rft_stage(
-    run: Stages,
-    cfg: PipelineConfig,
-    spec: StageSpec,
-    policy: Checkpoint,
-    data: DatasetRefs,
-    suites: dict[str, Ref],
-    model_cfg: ModelConfig,
-    release: Release,
-    before: list[Round],
+    release: Release, spec: StageSpec, policy: Checkpoint, data: DatasetRefs, before: list[Round]
 ) -> tuple[list[Round], str]:
     """A `kind: rft` stage: rejection_sample (the policy's verified samples on the stage's prompts) -> sft_warmup on
     them from the policy -> evaluate -> register, as one round of the stage; or why it did not train (too few rows
     for an SFT batch)."""
+    run, cfg = release.run, release.cfg
     ctx = RunContext.of(cfg)
     sampled = run(
         f"rejection_sample-{spec.name}", rejection_sample,
@@ -104,23 +88,19 @@ def rft_stage(
                     f"{cfg.sft.batch_size}): {sampled.describe()}")  # fmt: skip
     tuned = run(
         f"sft-{spec.name}", sft_warmup,
-        base=policy, train=sampled.train, cfg=cfg.sft, model_cfg=model_cfg, ctx=ctx, **sft_bar(cfg, data),
+        base=policy, train=sampled.train, cfg=cfg.sft, model_cfg=release.model_cfg, ctx=ctx, **sft_bar(cfg, data),
     )  # fmt: skip
-    scores = evaluate_suites(run, cfg, tuned, suites, round_label(1, spec.name))
+    scores = evaluate_suites(run, cfg, tuned, release.suites, round_label(1, spec.name))
     step = Round(index=1, policy=tuned, result=scores[cfg.gating_suite()], suites=scores, start=policy,
                  train=sampled.train, stage=spec.name, kind="rft", rft=sampled)  # fmt: skip
     return [release.register(step, before)], ""
 
 
 def grpo_rounds(
-    run: Stages,
-    cfg: PipelineConfig,
+    release: Release,
     policy: Checkpoint,
     scores: Scores,
     data: DatasetRefs,
-    suites: dict[str, Ref],
-    model_cfg: ModelConfig,
-    release: Release,
     stage: str = "",
     before: list[Round] | None = None,
 ) -> tuple[list[Round], str]:
@@ -128,17 +108,17 @@ def grpo_rounds(
     the registry says, and why they ended early (empty when grpo.rounds ran out). grpo.rounds is a maximum: no round
     starts after one that returned its start or saturated its probe, nor when the difficulty filter leaves fewer
     prompts than a step takes (unless grpo.difficulty_filter.on_too_few fails the run then)."""
+    cfg = release.cfg
     rounds: list[Round] = []
     earlier = before or []
     stopped = ""
     for r in range(1, cfg.grpo.rounds + 1):
         start, start_scores = (rounds[-1].policy, rounds[-1].suites) if rounds else (policy, scores)
-        kept = round_prompts(run, cfg, r, start, data, stage)
+        kept = round_prompts(release.run, cfg, r, start, data, stage)
         if kept is not None and (why := check_enough(kept, cfg.grpo.difficulty_filter)):
             stopped = f"{why} ({r - 1} of at most {cfg.grpo.rounds} rounds ran)"
             break
-        step = grpo_round(run, cfg, r, start=start, start_scores=start_scores, data=data, suites=suites,
-                          model_cfg=model_cfg, kept=kept, stage=stage)  # fmt: skip
+        step = grpo_round(release, r, start=start, start_scores=start_scores, data=data, kept=kept, stage=stage)
         rounds.append(step)
         if not step.returned_start and (cfg.registry.register_each_round or r == cfg.grpo.rounds):
             rounds[-1] = release.register(step, [*earlier, *rounds[:-1]])
@@ -165,31 +145,29 @@ def round_prompts(
 
 
 def grpo_round(
-    run: Stages,
-    cfg: PipelineConfig,
+    release: Release,
     r: int,
     *,
     start: Checkpoint,
     start_scores: Scores,
     data: DatasetRefs,
-    suites: dict[str, Ref],
-    model_cfg: ModelConfig,
     kept: DifficultyResult | None = None,
     stage: str = "",
 ) -> Round:
     """One GRPO round from `start`: grpo_train on the training split (or on the difficulty filter's `kept` prompts)
     -> evaluate. A round that returned its start unchanged is not evaluated again: its scores are its start's
     (`start_scores`)."""
+    run, cfg = release.run, release.cfg
     ctx, train = RunContext.of(cfg), data.train if kept is None else kept.train
     # Each round starts from the previous policy; TRL builds the reference model from it (reset per round).
     spec = GRPORound(
-        start=start, train=train, cfg=cfg.grpo, model_cfg=model_cfg, round_index=r, stage=stage, ctx=ctx,
+        start=start, train=train, cfg=cfg.grpo, model_cfg=release.model_cfg, round_index=r, stage=stage, ctx=ctx,
         held_out=data.probe, correctness_reward=cfg.eval.correctness_reward, monitors=cfg.monitors,
         code_dir=cfg.code_dir,
     )  # fmt: skip
     policy = run(spec.name, grpo_train if cfg.grpo.work_pool is None else grpo_train_remote, spec=spec)
     label = round_label(r, stage)
-    scores = start_scores if policy.kept_start else evaluate_suites(run, cfg, policy, suites, label)
+    scores = start_scores if policy.kept_start else evaluate_suites(run, cfg, policy, release.suites, label)
     return Round(index=r, policy=policy, result=scores[cfg.gating_suite()], difficulty=kept, suites=scores, start=start,
                  train=train, stage=stage)  # fmt: skip
 
@@ -225,13 +203,16 @@ def evaluate_suites(run: Stages, cfg: PipelineConfig, policy: Checkpoint, suites
     return {name: r.model_copy(update={"suite": name}) for name, r in zip(suites, results, strict=True)}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Release:
-    """Registers GRPO rounds: each version's parent is the version registered for the round before it, else the
-    base model by name; the gate compares it with the model it is to replace (tasks/register.py)."""
+    """What every round of the run is trained, scored and registered with, and how it is registered: each version's
+    parent is the version registered for the round before it, else the base model by name; the gate compares it
+    with the model it is to replace (tasks/register.py). A staged recipe's stage gets a copy with its own `cfg`."""
 
     run: Stages
-    cfg: PipelineConfig
+    cfg: PipelineConfig  # the recipe's, or a stage's own (configs/stages.py)
+    suites: dict[str, Ref]  # every eval suite's rows, by name
+    model_cfg: ModelConfig  # the model section, a registered base pinned to its version (pin_model)
     base: Checkpoint
     baselines: Scores
     sft_warning: str | None = None
