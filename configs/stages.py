@@ -52,6 +52,14 @@ class StageSpec(Section):
     data: dict[str, Any] = Field(
         default={}, description="Fields of the data: section this stage changes (its prompts), e.g. {synthetic: ...}."
     )
+    replay: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Share of the stage's training prompts drawn from the earlier stages' (seeded, no repeats), so "
+        "that it keeps practising what they taught: 0.2 adds one earlier prompt for every four of its own. 0: its own "
+        "prompts only. The stage's rewards score both, so the earlier rows need the columns they read.",
+    )
     sft: dict[str, Any] = Field(
         default={},
         description="kind 'rft': fields of the sft: section its fine-tuning changes (max_steps, learning_rate, ...).",
@@ -148,6 +156,8 @@ def check_stages(cfg: Section) -> None:
     if len(set(names)) != len(names):
         raise ValueError(f"stages: names must differ, got {names}")
     for i, stage in enumerate(cfg.stages):
+        if i == 0 and stage.replay:
+            raise ValueError(f"stages[0] ({stage.name}): the first stage has no earlier stage to replay; set replay: 0")
         if stage.kind == "rft" and cfg.grpo.sampling.uses_tools:
             raise ValueError(
                 f"stages[{i}] ({stage.name}): an rft stage fine-tunes on plain completions, and this recipe's "

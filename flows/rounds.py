@@ -18,6 +18,7 @@ from grpo_pipeline.flows.stages import (
     grpo_train_remote,
     register,
     rejection_sample,
+    replay_mixture,
     sft_warmup,
 )
 from grpo_pipeline.flows.summary import Round
@@ -41,11 +42,21 @@ def staged_rounds(release: Release, policy: Checkpoint, scores: Scores, data: Da
     run = release.run
     rounds: list[Round] = []
     verdicts = []
+    earlier: list[Ref] = []  # the training prompts of the stages so far, which a later stage may replay
     for spec, stage_cfg in release.cfg.stage_configs():
         if spec is None:
             return grpo_rounds(release, policy, scores, data)
         stage_data = data if not spec.data else stage_inputs(run, stage_cfg, spec.name, release.suites)
-        if spec.data or spec.grpo:  # its rewards score its rows, its prompts fit the context, a batch of them exists
+        own, replayed = stage_data.train, bool(spec.replay and earlier)
+        if replayed:  # its own prompts and a share of the earlier stages' (StageSpec.replay)
+            mixture = run(
+                f"replay-{spec.name}", replay_mixture,
+                train=own, earlier=earlier, share=spec.replay, seed=stage_cfg.data.seed, run_dir=stage_cfg.run_dir,
+                label=spec.name,
+            )  # fmt: skip
+            stage_data = stage_data.model_copy(update={"train": mixture})
+        earlier.append(own)
+        if spec.data or spec.grpo or replayed:  # its rewards score its rows, its prompts fit, a batch of them exists
             run(
                 f"check_inputs-{spec.name}", check_inputs, listed=False,
                 data=stage_data, base=release.base, grpo=stage_cfg.grpo, eval_cfg=stage_cfg.eval, sft_enabled=False,

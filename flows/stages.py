@@ -24,6 +24,7 @@ from grpo_pipeline.rewards.registry import RewardError
 from grpo_pipeline.tasks.core.common import damaged
 from grpo_pipeline.tasks.core.tracking import unreachable
 from grpo_pipeline.tasks.data import prepare_data as _prepare_data
+from grpo_pipeline.tasks.data import replay_mixture as _replay_mixture
 from grpo_pipeline.tasks.decontaminate import decontaminate as _decontaminate
 from grpo_pipeline.tasks.difficulty import (
     DifficultyFilterError,
@@ -118,6 +119,7 @@ sft_warmup = stage_task(_sft_warmup, "sft_warmup")
 check_sft = stage_task(_check_sft, "check_sft")
 difficulty_filter = stage_task(_filter_by_difficulty, "difficulty_filter", task_run_name="difficulty_filter-{label}")
 rejection_sample = stage_task(_rejection_sample, "rejection_sample", task_run_name="rejection_sample-{label}")
+replay_mixture = stage_task(_replay_mixture, "replay_mixture", task_run_name="replay-{label}")
 grpo_train = stage_task(_grpo_train, "grpo_train", task_run_name="{spec.name}")
 # The same stage on another work pool (grpo.work_pool), keyed like the local one, and retried like it: a child flow
 # run that failed for a passing reason runs again (resuming from its checkpoints); bad input, a health alarm or a

@@ -91,3 +91,42 @@ def prepare_data(cfg: DataConfig, run_dir: str, out: Path) -> DatasetRefs:
     logger.info("prepared %s rows in %s", ", ".join(f"{len(f)} {name}" for name, f in splits.items()), out)
     files = {name: out / f"{name}.parquet" for name in splits}
     return DatasetRefs(**{name: Ref(path=str(f), fingerprint=fingerprint_path(f)) for name, f in files.items()})
+
+
+# ----------------------------------------------------------------------------- a stage's mixture
+
+
+@stage("replay-{label}")
+def replay_mixture(
+    train: Ref, earlier: list[Ref], share: float, seed: int, run_dir: str, label: str, *, out: Path
+) -> Ref:
+    """A staged recipe's stage trains on `train` (its own prompts) and on the earlier stages' training prompts
+    (`earlier`) as `share` of the mixture (StageSpec.replay), drawn at random (seeded) and without repeats, so that it
+    keeps practising what they taught (Llama 3's and Tulu 3's data mixes; replay against forgetting). Only the columns
+    of the stage's own rows are kept, so each earlier stage's rows must have them all (its rewards score both)."""
+    own = pd.read_parquet(train.require())
+    pool = []
+    for i, ref in enumerate(earlier):
+        rows = pd.read_parquet(ref.require())
+        if missing := [c for c in own.columns if c not in rows.columns]:
+            raise DataError(
+                f"stage {label}: replay reads the training rows of the stage before it ({ref.path}, earlier stage "
+                f"{i + 1}), which lack the column(s) {missing} its own rows have; give those rows the same columns, or "
+                "set the stage's replay to 0"
+            )
+        pool.append(rows[list(own.columns)])
+    earlier_rows = pd.concat(pool, ignore_index=True).drop_duplicates("prompt") if pool else own.iloc[:0]
+    earlier_rows = earlier_rows[~earlier_rows["prompt"].isin(set(own["prompt"]))]
+    wanted = round(len(own) * share / (1 - share))
+    if wanted > len(earlier_rows):
+        logger.warning(
+            "stage %s: replay %.0f%% asks for %d earlier prompts; the earlier stages have %d, all replayed",
+            label, 100 * share, wanted, len(earlier_rows),
+        )  # fmt: skip
+    replayed = earlier_rows.sample(n=min(wanted, len(earlier_rows)), random_state=seed)
+    mixture = pd.concat([own, replayed], ignore_index=True).sample(frac=1.0, random_state=seed).reset_index(drop=True)
+    with atomic_dir(out) as tmp:
+        mixture.to_parquet(tmp / "train.parquet", index=False)
+    logger.info("stage %s: %d own prompts + %d replayed from earlier stages", label, len(own), len(replayed))
+    path = out / "train.parquet"
+    return Ref(path=str(path), fingerprint=fingerprint_path(path))

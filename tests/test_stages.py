@@ -24,7 +24,7 @@ SUITES = (
 SUB_DATA = "{synthetic: {operations: ['-'], teacher_carry_slip: 0, units_drill: 0}}"
 TWO_STAGES = (
     "stages=[{name: add, target: heldout}, "
-    f"{{name: sub, target: sub, data: {SUB_DATA}, grpo: {{learning_rate: 1e-3}}, rounds: 1}}]"
+    f"{{name: sub, target: sub, data: {SUB_DATA}, grpo: {{learning_rate: 1e-3}}, rounds: 1, replay: 0.2}}]"
 )
 
 
@@ -57,6 +57,11 @@ def test_a_stage_inherits_the_recipe_and_overrides_what_it_names() -> None:
     ("stages", "message"),
     [
         ("stages=[{name: x, target: nope}]", r"stages\[0\] \(x\): target 'nope' is neither an eval suite"),
+        ("stages=[{name: x, target: heldout, replay: 0.2}]", r"stages\[0\] \(x\): the first stage has no earlier"),
+        (
+            "stages=[{name: x, target: heldout}, {name: y, target: heldout, replay: 1}]",
+            r"stages\.1\.replay: Input should be less than 1",
+        ),
         ("stages=[{name: x, target: nope/accuracy}]", r"names no eval suite 'nope'"),
         ("stages=[{name: x, target: sub/pass_at_64}]", r"stages\[0\] \(x\).*64 is not in eval\.k"),
         ("stages=[{name: x, target: sub, grpo: {learning_rat: 1}}]", r"stages\[0\] \(x\).*grpo\.learning_rat: unknown"),
@@ -109,8 +114,8 @@ def test_a_staged_run_trains_each_stage_from_the_last_and_gates_it_on_its_suite(
     )  # fmt: skip
     summary = finished(proc, path)
     ran = [s["stage"] for s in summary["stages"]]
-    expected = ["grpo-add-round1", "register-add-r1", "prepare_data-sub", "grpo-sub-round1", "register-sub-r1",
-                "rejection_sample-self", "sft-self", "register-self-r1"]  # fmt: skip
+    expected = ["grpo-add-round1", "register-add-r1", "prepare_data-sub", "replay-sub", "grpo-sub-round1",
+                "register-sub-r1", "rejection_sample-self", "sft-self", "register-self-r1"]  # fmt: skip
     assert [s for s in ran if s in expected] == expected  # in this order: each stage after the one before it
     (first, second, third) = summary["registrations"]
     assert first["gate"]["metric"] == "heldout/accuracy" and second["gate"]["metric"] == "sub/accuracy"
@@ -135,6 +140,47 @@ def test_the_matrix_heatmap_writes_each_value_in_its_cell() -> None:
     assert [t.get_text() for t in ax.texts] == ["0.30", "0.05", "0.90"]  # the unscored cell left blank
     assert [t.get_text() for t in ax.get_yticklabels()] == ["sft", "sub"]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["heldout", "sub"]
+
+
+# ----------------------------------------------------------------------------- replay of earlier stages' prompts
+
+
+def rows_file(path: Path, prompts: list[str], **columns: list[str]):
+    from grpo_pipeline.tasks.core.common import Ref, fingerprint_path
+
+    pd.DataFrame({"prompt": prompts, "answer": ["0"] * len(prompts), **columns}).to_parquet(path, index=False)
+    return Ref(path=str(path), fingerprint=fingerprint_path(path))
+
+
+def test_replay_mixes_a_share_of_earlier_prompts_into_a_stages_own(tmp_path: Path) -> None:
+    from grpo_pipeline.tasks.data import replay_mixture
+
+    own = rows_file(tmp_path / "own.parquet", [f"{i}-1=" for i in range(40)])
+    first = rows_file(tmp_path / "a.parquet", [f"{i}+1=" for i in range(60)])
+    second = rows_file(tmp_path / "b.parquet", [f"{i}*1=" for i in range(60)] + ["3-1="])  # one prompt is the stage's
+    mix = dict(train=own, earlier=[first, second], share=0.2, seed=0, run_dir=str(tmp_path), label="sub")
+    rows = pd.read_parquet(replay_mixture(**mix).require())
+    own_prompts = set(pd.read_parquet(own.path)["prompt"])
+    replayed = rows[~rows["prompt"].isin(own_prompts)]
+    assert own_prompts <= set(rows["prompt"]) and len(rows) == 50  # all 40 of its own, and 10 earlier: 20% of 50
+    assert replayed["prompt"].is_unique and not replayed["prompt"].str.contains("-").any()  # never its own again
+    assert replayed["prompt"].str.contains(r"\+").any() and replayed["prompt"].str.contains(r"\*").any()  # both
+    assert rows.equals(pd.read_parquet(replay_mixture(**mix).require()))  # seeded: the same mixture again
+    other = pd.read_parquet(replay_mixture(**{**mix, "seed": 1}).require())
+    assert set(other["prompt"]) != set(rows["prompt"])  # another seed draws other earlier prompts
+    # more than the earlier stages have: all of them, once each (said in the log), never a prompt twice
+    everything = pd.read_parquet(replay_mixture(**{**mix, "share": 0.9}).require())
+    assert len(everything) == 40 + 120 and everything["prompt"].is_unique
+
+
+def test_replay_of_rows_without_the_stages_columns_fails_naming_them(tmp_path: Path) -> None:
+    from grpo_pipeline.tasks.data import replay_mixture
+    from grpo_pipeline.tasks.sources import DataError
+
+    own = rows_file(tmp_path / "own.parquet", ["1-1="], tests=["assert f(1) == 0"])
+    earlier = rows_file(tmp_path / "a.parquet", ["1+1="])
+    with pytest.raises(DataError, match=r"lack the column\(s\) \['tests'\].*a\.parquet|a\.parquet.*lack the column"):
+        replay_mixture(train=own, earlier=[earlier], share=0.5, seed=0, run_dir=str(tmp_path), label="code")
 
 
 # ----------------------------------------------------------------------------- rejection sampling (kind: rft)
