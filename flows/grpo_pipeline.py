@@ -92,7 +92,7 @@ def run_stages(cfg: PipelineConfig, run: Stages) -> Summary:
         )  # fmt: skip
     warning = learned.warning if learned else None
 
-    release = Release(run, cfg, suites, model_cfg, base, baselines, sft_warning=warning, clean=clean)
+    release = Release(run, cfg, suites, model_cfg, base, baselines, sft_warning=warning, clean=clean, recipe=cfg)
     rounds, stopped = staged_rounds(release, policy, baselines, data)
     return Summary.build(
         cfg, run.records, baseline, rounds,

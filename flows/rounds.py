@@ -21,7 +21,7 @@ from grpo_pipeline.flows.stages import (
     replay_mixture,
     sft_warmup,
 )
-from grpo_pipeline.flows.summary import Round
+from grpo_pipeline.flows.summary import Round, stage_matrix
 from grpo_pipeline.tasks.core.common import Checkpoint, DatasetRefs, Ref
 from grpo_pipeline.tasks.core.stage import RunContext
 from grpo_pipeline.tasks.decontaminate import Decontamination
@@ -228,6 +228,7 @@ class Release:
     baselines: Scores
     sft_warning: str | None = None
     clean: Decontamination | None = None
+    recipe: PipelineConfig | None = None  # the whole recipe, with its stages: their matrix goes on each stage's card
 
     def register(self, step: Round, before: list[Round]) -> Round:
         """`step` with the version registered for it; `before`: the rounds that ran before it."""
@@ -248,10 +249,12 @@ class Release:
             **({"rehearsal_of": cfg.rehearsal.recipe} if cfg.rehearsal else {}),  # grpo-pipeline rehearse
             **({**self.clean.tags(), "decontam.line": self.clean.line()} if self.clean else {}),  # dropped rows
         }
-        gating = cfg.gating_suite()
+        gating, recipe = cfg.gating_suite(), self.recipe or cfg
+        start = {"sft" if recipe.sft.enabled else "base": self.baselines}  # the policy the stages started from
         registration = self.run(
             f"register-{step.label}", register,
             policy=policy, result=step.suites[gating], baseline=self.baselines[gating], cfg=cfg.registry,
             ctx=RunContext.of(cfg), config_yaml=cfg.to_yaml(), tags=tags, suites=step.suites, baselines=self.baselines,
+            matrix=stage_matrix(recipe, [*before, step], start) or None,
         )  # fmt: skip
         return dataclasses.replace(step, registration=registration)

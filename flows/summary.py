@@ -18,6 +18,7 @@ from grpo_pipeline.tasks.release.champion import CHAMPION
 from grpo_pipeline.tasks.release.gate import item_metric
 from grpo_pipeline.tasks.release.versions import Registration
 from grpo_pipeline.tasks.rft import RFTData
+from grpo_pipeline.tasks.scoring.matrix import StageRow
 from grpo_pipeline.tasks.scoring.metrics import paired_bootstrap_ci
 from grpo_pipeline.tasks.scoring.results import EvalResult
 from grpo_pipeline.tasks.scoring.tool_use import is_tool_metric
@@ -128,38 +129,26 @@ class ScoreRow(BaseModel):
         )
 
 
-class StageRow(BaseModel):
-    """A row of a staged run's stage x suite matrix: the policy a stage ended with (its last new round; the start for
-    the first row) and the recipe's gating metric on every suite."""
-
-    stage: str  # the stage's name ("" for the policy the stages started from)
-    model: str
-    values: dict[str, float | None]  # by suite; None where the suite does not score the metric
-    kept: bool | None = None  # whether the gate kept the stage (took champion); None for the start
-
-    @staticmethod
-    def matrix(
-        cfg: PipelineConfig, rounds: Sequence[Round], scores_of: dict[str, dict[str, EvalResult]]
-    ) -> list[StageRow]:
-        """The start's row, then one per stage that trained a new policy; empty without stages."""
-        if not cfg.stages or not scores_of:
-            return []
-        metric = split_metric(cfg.registry.gating_metric, cfg.eval.suite_names())[1].name
-        label, start = list(scores_of.items())[-1]  # the policy the stages started from (SFT's, or the base)
-
-        def values(suites: dict[str, EvalResult]) -> dict[str, float | None]:
-            return {
-                name: suites[name].metrics().get(metric) if name in suites else None for name in cfg.eval.suite_names()
-            }
-
-        rows = [StageRow(stage="", model=label, values=values(start))]
-        for stage in cfg.stages:
-            new = [r for r in rounds if r.stage == stage.name and not r.returned_start]
-            if new:
-                last = new[-1]
-                kept = any(r.registration is not None and r.registration.alias == CHAMPION for r in new)
-                rows.append(StageRow(stage=stage.name, model=last.name, values=values(last.suites), kept=kept))
-        return rows
+def stage_matrix(
+    cfg: PipelineConfig, rounds: Sequence[Round], scores_of: dict[str, dict[str, EvalResult]]
+) -> list[StageRow]:
+    """A staged run's matrix (tasks/scoring/matrix.py): the start's row, then one per stage that trained a new policy,
+    kept when one of its rounds took champion (undecided, None, while its last round is not registered yet); empty
+    without stages."""
+    if not cfg.stages or not scores_of:
+        return []
+    suites = cfg.eval.suite_names()
+    metric = split_metric(cfg.registry.gating_metric, suites)[1].name
+    label, start = list(scores_of.items())[-1]  # the policy the stages started from (SFT's, or the base)
+    rows = [StageRow.of("", label, start, metric, suites)]
+    for stage in cfg.stages:
+        new = [r for r in rounds if r.stage == stage.name and not r.returned_start]
+        if new:
+            last = new[-1]
+            took = any(r.registration is not None and r.registration.alias == CHAMPION for r in new)
+            kept = None if last.registration is None and not took else took
+            rows.append(StageRow.of(stage.name, last.name, last.suites, metric, suites, kept=kept))
+    return rows
 
 
 class SuiteTable(BaseModel):
@@ -266,7 +255,7 @@ class Summary(BaseModel):
             rollouts="; ".join(dict.fromkeys(r.policy.rollouts for r in rounds if r.policy.rollouts)),
             rehearsal=cfg.rehearsal,
             stopped=stopped,
-            matrix=StageRow.matrix(cfg, rounds, scores_of or {}),
+            matrix=stage_matrix(cfg, rounds, scores_of or {}),
             rejection_sampling=[r.rft for r in rounds if r.rft is not None],
         )
 

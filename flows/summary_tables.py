@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from grpo_pipeline.configs.schema import HELDOUT, Metric
-from grpo_pipeline.flows.summary import RoundRow, ScoreRow, StageRow, SuiteTable, Summary
+from grpo_pipeline.flows.summary import RoundRow, ScoreRow, SuiteTable, Summary
 from grpo_pipeline.tasks.release.versions import Registration
+from grpo_pipeline.tasks.scoring.matrix import matrix_lines
 from grpo_pipeline.tasks.scoring.tool_use import tool_use_lines
 
 # The console width the summary's tables are laid out for, unless the caller gives its own: a metric name is never cut
@@ -233,27 +234,6 @@ def _families(cols: list[str]) -> list[list[str]]:
         else:
             runs.append((family, [col]))
     return [members for _, members in runs]
-
-
-def matrix_lines(rows: Sequence[StageRow]) -> list[str]:
-    """The stage x suite matrix: each stage's policy on every suite, with its change against the row before it (what
-    the stage added, and what it cost)."""
-    suites = list(rows[0].values)
-    lines = [
-        "Stages (the gating metric on every suite; change against the row before):",
-        "",
-        f"| stage | model | {' | '.join(suites)} | kept |",
-        f"|---|---|{'---:|' * len(suites)}---|",
-    ]
-    for before, row in zip([None, *rows], rows, strict=False):
-        cells = []
-        for suite, value in row.values.items():
-            was = before.values.get(suite) if before else None
-            change = f" ({value - was:+.3f})" if value is not None and was is not None else ""
-            cells.append("-" if value is None else f"{value:.3f}{change}")
-        kept = "" if row.kept is None else ("yes" if row.kept else "**no**")
-        lines.append(f"| {row.stage or 'start'} | {row.model} | {' | '.join(cells)} | {kept} |")
-    return lines
 
 
 def _round(names: Sequence[str], i: int) -> str:

@@ -47,6 +47,7 @@ from grpo_pipeline.tasks.release.champion import ITEMS_ARTIFACT, suite_items_art
 from grpo_pipeline.tasks.release.gate import GateDecision, decide
 from grpo_pipeline.tasks.release.lineage import provenance_tags
 from grpo_pipeline.tasks.scoring.curves import CURVE_ARTIFACT, PROBE_METRIC, learning_curve_figure, metric_history
+from grpo_pipeline.tasks.scoring.matrix import StageRow
 from grpo_pipeline.tasks.scoring.results import EvalResult
 from grpo_pipeline.tasks.training.monitor import health_tags
 
@@ -183,11 +184,13 @@ def register_policy(
     tags: dict[str, str],
     suites: dict[str, EvalResult] | None = None,
     baselines: dict[str, EvalResult] | None = None,
+    matrix: list[StageRow] | None = None,
 ) -> StoredRegistration:
     """Log scores, config and the model (an MLflow transformers model) to the policy's run, and register a version
     of `cfg.model_name` that takes `champion` only if the gate promotes it. `result` and `baseline` are the gating
     suite's scores; `suites` and `baselines` every suite's, by name (the gating suite's among them): each is logged
-    under its name, shown in the card, and the guarded ones (`cfg.guard`) gate the promotion too."""
+    under its name, shown in the card, and the guarded ones (`cfg.guard`) gate the promotion too. `matrix`: a staged
+    recipe's stage x suite matrix so far, this version its last row, for the card."""
     from mlflow import MlflowClient
 
     if policy.run_id is None:
@@ -210,7 +213,7 @@ def register_policy(
             prompt = str(items["prompt"].iloc[0])
             card = model_card(
                 cfg, policy, result, baseline, gate, all_tags, config_yaml, prompt=prompt, suites=suites,
-                baselines=baselines, text_calls=calls_in_text(path, config_yaml),
+                baselines=baselines, text_calls=calls_in_text(path, config_yaml), matrix=matrix,
             )  # fmt: skip
             return gate, all_tags, card
 

@@ -11,9 +11,8 @@ import pytest
 import yaml
 
 from grpo_pipeline.configs.schema import ConfigError, load_config
-from grpo_pipeline.flows.summary import StageRow
-from grpo_pipeline.flows.summary_tables import matrix_lines
 from grpo_pipeline.tasks.rft import rejection_sample
+from grpo_pipeline.tasks.scoring.matrix import StageRow, matrix_lines
 from tests.helpers import finished, run_pipeline
 from tests.test_difficulty import PLANTED, PLANTED_REWARD, N, ctx, micro_policy, planted_rows, rollouts
 
@@ -130,6 +129,17 @@ def test_a_staged_run_trains_each_stage_from_the_last_and_gates_it_on_its_suite(
     assert sampling["kept"] == 200 and sampling["keep_rate"] == 1.0  # one per prompt: every sample was right
     models = [r["model"] for r in summary["rounds"]]
     assert models == ["sft", "grpo add round 1", "grpo sub round 1", "rft self"]
+    # each stage's version carries the matrix so far on its card, itself the last row, undecided there
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    card = mlflow.MlflowClient().get_model_version(second["model_name"], second["version"]).description
+    stages = card.split("\n## Stages\n")[1].split("\n## ")[0].splitlines()
+    assert [line.split("|")[1].strip() for line in stages if line.startswith("| ") and "---" not in line] == [
+        "stage", "start", "add", "sub",
+    ]  # fmt: skip
+    assert "The last row is this version; the promotion gate below says whether its stage is kept." in stages
+    assert stages[-3].endswith("|  |")  # the version's own row: its gate decides below
 
 
 def test_the_matrix_heatmap_writes_each_value_in_its_cell() -> None:

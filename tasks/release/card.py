@@ -12,6 +12,7 @@ from typing import Any
 from grpo_pipeline.configs.schema import RegistryConfig
 from grpo_pipeline.tasks.core.common import Checkpoint
 from grpo_pipeline.tasks.release.gate import GateDecision
+from grpo_pipeline.tasks.scoring.matrix import StageRow, matrix_lines
 from grpo_pipeline.tasks.scoring.results import EvalResult
 from grpo_pipeline.tasks.scoring.tool_use import is_tool_metric, tool_use_lines
 
@@ -48,11 +49,13 @@ def model_card(
     suites: dict[str, EvalResult] | None = None,
     baselines: dict[str, EvalResult] | None = None,
     text_calls: bool = False,
+    matrix: list[StageRow] | None = None,
 ) -> str:
     """The card as markdown; `prompt` (an eval prompt) shows how to call the model. `result` and `baseline` are
     the gating suite's scores; every other suite in `suites` gets a table of its own. A policy trained with tools
     gets a Tools section: which, how to give them to it (`text_calls`: the text call protocol of a model whose chat
-    template cannot carry tool calls), and how it used them on every suite."""
+    template cannot carry tool calls), and how it used them on every suite. A staged recipe's version shows the
+    stage x suite matrix so far (`matrix`, this version its last row)."""
     recipe = tags.get("recipe", "?")
     lines = [
         f"# {cfg.model_name}: the {policy.stage} policy of recipe `{recipe}`",
@@ -69,6 +72,7 @@ def model_card(
         *training_lines(policy, tags),
         *evaluation_lines(result, baseline, suites or {}),
         *other_suite_lines(result, suites or {}, baselines or {}),
+        *stage_lines(matrix or []),
         *tool_lines(config_yaml, text_calls, {result.suite: result, **(suites or {})}, baselines or {}),
     ]
     notes = [*([f"**Warning**: {tags['sft_warning']}."] if tags.get("sft_warning") else []), *policy.notes]
@@ -104,6 +108,14 @@ def evaluation_lines(result: EvalResult, baseline: EvalResult | None, suites: di
         "",
         result.unscored_line() or f"Every completion was scored by the correctness reward `{correct}`.",
     ]
+
+
+def stage_lines(matrix: list[StageRow]) -> list[str]:
+    """A staged recipe's section: the matrix of the stages so far, this version in its last row."""
+    if not matrix:
+        return []
+    note = "The last row is this version; the promotion gate below says whether its stage is kept."
+    return ["", "## Stages", "", *matrix_lines(matrix), "", note]
 
 
 def other_suite_lines(gating: EvalResult, suites: dict[str, EvalResult], baselines: dict[str, EvalResult]) -> list[str]:

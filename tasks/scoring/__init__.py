@@ -10,7 +10,8 @@ scoring/
   metrics.py     pass@k, maj@k, bootstrap confidence intervals
   formats.py     benchmark formats: detection, correctness reward, loading
   adapters.py    each format's rows mapped to the eval columns
-  curves.py      the GRPO learning-curve plot
+  curves.py      the GRPO learning-curve plot, the rounds' and the stage matrix's plots
+  matrix.py      a staged run's stage x suite matrix: its rows and its table (run summary, model card)
   tool_use.py    a tool-using policy's episodes in words and tables (run summary, model card)
   vllm_generation.py  evaluation's completions through vLLM
   vllm_episodes.py    tool episodes through vLLM
