@@ -33,37 +33,39 @@ if "PREFECT_HOME" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], True)
 setup()
 
-# The files that take longest in `make test`, heaviest first, in seconds (setup, call and teardown summed per file
-# from pytest's JUnit report, Dec 2026, on 2 cores with nothing else running; without the `slow` tier's tests).
-# `make test` runs them first, each file whole on one pytest-xdist worker (--dist loadfile --no-loadscope-reorder),
-# so the two workers finish together instead of one starting the stack tests while the other has nothing left; the
-# other files follow in their usual order. A stale number costs balance, never a result.
+# The files that take longest, heaviest first, in seconds (setup, call and teardown summed per file from pytest's
+# --durations, Dec 2026, on 2 cores; a file with tests in both `make test` and the `slow` tier has the larger of its two
+# sums). Each tier runs them first, each file whole on one pytest-xdist worker (--dist loadfile
+# --no-loadscope-reorder), so the two workers finish together instead of one starting the stack tests while the other
+# has nothing left; the other files follow in their usual order. A stale number costs balance, never a result.
 SLOWEST_FIRST = {
+    "test_stack_integration.py": 380,  # the slow tier only
+    "test_rehearse.py": 245,
+    "test_resilience.py": 200,
     "test_pipeline_integration.py": 190,
-    "test_stack_integration.py": 140,
-    "test_resume.py": 66,
-    "test_bad_input.py": 64,
-    "test_register.py": 54,
-    "test_stages.py": 50,
-    "test_rehearse.py": 45,
-    "test_suites.py": 38,
-    "test_difficulty.py": 37,
-    "test_distributed.py": 36,
-    "test_gate_evidence.py": 35,
-    "test_register_stores.py": 34,
-    "test_tiny_code.py": 25,
-    "test_keep_best.py": 25,
-    "test_health.py": 25,
-    "test_algorithms.py": 24,
-    "test_chat.py": 22,
-    "test_sandbox.py": 20,
-    "test_serve_model.py": 20,
-    "test_golden_grpo.py": 15,
-    "test_text_tools.py": 12,
-    "test_reward_timeouts.py": 12,
+    "test_resume.py": 130,
+    "test_difficulty.py": 101,
+    "test_bad_input.py": 92,
+    "test_user_code.py": 73,
+    "test_register.py": 73,
+    "test_gate_evidence.py": 57,
+    "test_stages.py": 55,
+    "test_suites.py": 49,
+    "test_keep_best.py": 38,
+    "test_tiny_code.py": 34,
+    "test_chat.py": 33,
+    "test_serve_model.py": 32,
+    "test_register_stores.py": 30,
+    "test_distributed.py": 29,
+    "test_health.py": 29,
+    "test_algorithms.py": 25,
+    "test_round_trips.py": 25,
+    "test_sandbox.py": 21,
+    "test_text_tools.py": 20,
+    "test_reward_timeouts.py": 18,
+    "test_golden_grpo.py": 17,
+    "test_decisions_agree.py": 13,
     "test_code_python_semantics.py": 11,
-    "test_decisions_agree.py": 10,
-    "test_round_trips.py": 10,
 }
 
 
