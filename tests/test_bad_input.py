@@ -268,6 +268,7 @@ def test_bad_data_or_model_fails_before_training(case: str, flow_runs: dict) -> 
 
 
 @integration
+@pytest.mark.slow
 def test_duplicate_prompts_and_the_fixed_file_is_prepared_again(tmp_path: Path, prefect_api: str) -> None:
     """Duplicate prompts are named by row; the failed validation leaves no result behind, so fixing the file in
     place is enough: the next run prepares it again (and here stops at the next problem, before training)."""

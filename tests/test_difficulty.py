@@ -328,7 +328,6 @@ def test_round_two_trains_on_the_filtered_split(tmp_path, prefect_api) -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.slow
 def test_a_filter_that_leaves_nothing_to_learn_ends_the_rounds_and_fails_only_when_asked(tmp_path, prefect_api) -> None:
     """A micro policy solves no prompt, so the filter before round 2 keeps none: the run ends after round 1 (trained,
     scored and registered) with a note that says why, and exits 0; with on_too_few=fail the same run fails with the

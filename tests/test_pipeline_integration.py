@@ -81,14 +81,21 @@ class Plan:
     """The runs of a plan on the micro run's store, in its order, each run when a test first asks for it (or for a
     later one): each test's time is its own run's. A failed rerun fails only the tests that read it."""
 
-    def __init__(self, micro_run: MicroRun, prefect_api: str, plan: dict[str, tuple[str, ...]]):
+    def __init__(
+        self, micro_run: MicroRun, prefect_api: str, plan: dict[str, tuple[str, ...]], readers: dict[str, str],
+        request: pytest.FixtureRequest,
+    ):  # fmt: skip
         self.micro_run, self.prefect_api, self.plan = micro_run, prefect_api, plan
         self.done: dict[str, Rerun] = {}
+        # only the runs that a test of this session reads (`readers`: run -> its test), so that a run whose test is
+        # not selected (another tier's, or left out by -k) costs nothing
+        selected = {getattr(item, "originalname", item.name) for item in request.session.items}
+        self.wanted = {name for name, test in readers.items() if test in selected}
 
     def __getitem__(self, wanted: str) -> Rerun:
         store = self.micro_run.store
         for name, extra in self.plan.items():
-            if name not in self.done:
+            if name not in self.done and (name in self.wanted or name == wanted):
                 if name == "damaged":
                     for sft_dir in (store / "runs" / "sft").iterdir():  # one, unless the project's code changed
                         (sft_dir / "config.json").write_text("{}")  # a cached checkpoint edited behind its back
@@ -101,7 +108,7 @@ class Plan:
 
 
 @pytest.fixture(scope="module")
-def reruns(micro_run: MicroRun, prefect_api: str) -> Plan:
+def reruns(micro_run: MicroRun, prefect_api: str, request: pytest.FixtureRequest) -> Plan:
     """The reruns of the caching tests. `--refresh` uses a learning rate of its own, so it cannot cache what
     `grpo-changed` must train; the damaged checkpoint comes last, so the other runs never see it (a rebuilt SFT
     checkpoint is what `round_reruns`, if it runs after, starts from)."""
@@ -111,14 +118,20 @@ def reruns(micro_run: MicroRun, prefect_api: str) -> Plan:
         "refresh": ("grpo.learning_rate=2e-4", "--refresh"),
         "damaged": (),
     }
-    return Plan(micro_run, prefect_api, plan)
+    readers = {
+        "warm": "test_unchanged_rerun_is_fully_cached",
+        "grpo-changed": "test_changed_grpo_value_reruns_only_the_grpo_side",
+        "refresh": "test_refresh_reruns_everything",
+        "damaged": "test_a_cached_result_whose_files_changed_on_disk_is_rebuilt",
+    }
+    return Plan(micro_run, prefect_api, plan, readers, request)
 
 
 @pytest.fixture(scope="module")
-def round_reruns(micro_run: MicroRun, prefect_api: str) -> Plan:
-    """The runs of more than one round (the slow tier's: test_suites and test_difficulty take several rounds in
-    `make test`), each under a model name of its own (the later registry.model_name wins over run_pipeline's),
-    from the cached SFT policy."""
+def round_reruns(micro_run: MicroRun, prefect_api: str, request: pytest.FixtureRequest) -> Plan:
+    """The runs of more than one round (the slow tier's: tests/test_difficulty.py runs the filter before a second
+    round in `make test`), each under a model name of its own (the later registry.model_name wins
+    over run_pipeline's), from the cached SFT policy."""
     plan = {
         "rounds": ("registry.model_name=micro-rounds", "grpo.rounds=2", "grpo.beta=0.04"),
         # rounds that must beat their start by half the confirming probe rows: round 1 returns its start
@@ -130,7 +143,11 @@ def round_reruns(micro_run: MicroRun, prefect_api: str) -> Plan:
             "grpo.keep_margin=0.5",
         ),
     }
-    return Plan(micro_run, prefect_api, plan)
+    readers = {
+        "rounds": "test_iterative_rounds_start_from_the_last_policy",
+        "returned-start": "test_a_round_that_returned_its_start_is_not_registered_and_ends_the_rounds",
+    }
+    return Plan(micro_run, prefect_api, plan, readers, request)
 
 
 def test_cold_run_trains_evaluates_and_registers(micro_run: MicroRun):

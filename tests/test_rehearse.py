@@ -295,18 +295,11 @@ def test_a_rehearsals_card_says_so_first():
 # ----------------------------------------------------------------------------- end to end, as a user runs it
 
 
-# The plain GSM8K recipe (every stage of a hub model's recipe) stays in `make test`; the others (the coding recipe,
-# whose sandbox tests/test_tiny_code.py runs through the CLI, and LoRA, QLoRA, multi-GPU, tools: the same DAG with
-# other training and episode settings, 0.5-3 min each) run in `make test-slow`.
-REHEARSED_IN_MAKE_TEST = {GSM8K}
-
-
+# A whole rehearsal of every shipped recipe (0.5-3 min each) runs in `make test-slow`; `make test` rehearses random
+# valid recipes without training (tests/test_round_trips.py) and runs the same DAG on the embedded model.
 @pytest.mark.integration
-@pytest.mark.parametrize(
-    "recipe",
-    [r if r in REHEARSED_IN_MAKE_TEST else pytest.param(r, marks=pytest.mark.slow) for r in RECIPES],
-    ids=lambda p: p.stem,
-)
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_every_shipped_recipe_rehearses_and_registers_under_the_rehearsal_name(
     recipe, shared_data, code_sandbox, prefect_api, tmp_path
 ):

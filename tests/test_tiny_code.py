@@ -141,6 +141,7 @@ def hostile_code_tests(prompts, completions, **columns):
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 def test_micro_code_recipe_through_the_cli_scores_hostile_completions_zero(tmp_path, code_sandbox: None, prefect_api):
     """A micro tiny-code run through the CLI: GRPO calls the sandbox from TRL's loop (the code_tests reward, and a
     wrapper of it that slips hostile bodies into every batch), rewards and the sandbox's time reach MLflow, every
