@@ -110,9 +110,9 @@ def replay_mixture(
         rows = pd.read_parquet(ref.require())
         if missing := [c for c in own.columns if c not in rows.columns]:
             raise DataError(
-                f"stage {label}: replay reads the training rows of the stage before it ({ref.path}, earlier stage "
-                f"{i + 1}), which lack the column(s) {missing} its own rows have; give those rows the same columns, or "
-                "set the stage's replay to 0"
+                f"stage {label}: replay reads the training rows of earlier stage {i + 1} ({ref.path}), which lack "
+                f"the column(s) {missing} its own rows have; give those rows the same columns, or set the stage's "
+                "replay to 0"
             )
         pool.append(rows[list(own.columns)])
     earlier_rows = pd.concat(pool, ignore_index=True).drop_duplicates("prompt") if pool else own.iloc[:0]
