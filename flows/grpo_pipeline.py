@@ -92,7 +92,8 @@ def run_stages(cfg: PipelineConfig, run: Stages) -> Summary:
         )  # fmt: skip
     warning = learned.warning if learned else None
 
-    release = Release(run, cfg, suites, model_cfg, base, baselines, sft_warning=warning, clean=clean, recipe=cfg)
+    release = Release(run=run, recipe=cfg, cfg=cfg, suites=suites, model_cfg=model_cfg, base=base,
+                      baselines=baselines, sft_warning=warning, clean=clean)  # fmt: skip
     rounds, stopped = staged_rounds(release, policy, baselines, data)
     return Summary.build(
         cfg, run.records, baseline, rounds,

@@ -47,7 +47,7 @@ def staged_rounds(release: Release, policy: Checkpoint, scores: Scores, data: Da
         if spec is None:
             return grpo_rounds(release, policy, scores, data)
         stage_data = data if not spec.data else stage_inputs(run, stage_cfg, spec.name, release.suites)
-        own, replayed = stage_data.train, bool(spec.replay and earlier)
+        own, replayed = stage_data.train, spec.replay > 0  # never the first stage's (check_stages)
         if replayed:  # its own prompts and a share of the earlier stages' (StageSpec.replay)
             mixture = run(
                 f"replay-{spec.name}", replay_mixture,
@@ -221,6 +221,7 @@ class Release:
     with the model it is to replace (tasks/register.py). A staged recipe's stage gets a copy with its own `cfg`."""
 
     run: Stages
+    recipe: PipelineConfig  # the whole recipe, with its stages: their matrix goes on each stage's card
     cfg: PipelineConfig  # the recipe's, or a stage's own (configs/stages.py)
     suites: dict[str, Ref]  # every eval suite's rows, by name
     model_cfg: ModelConfig  # the model section, a registered base pinned to its version (pin_model)
@@ -228,7 +229,6 @@ class Release:
     baselines: Scores
     sft_warning: str | None = None
     clean: Decontamination | None = None
-    recipe: PipelineConfig | None = None  # the whole recipe, with its stages: their matrix goes on each stage's card
 
     def register(self, step: Round, before: list[Round]) -> Round:
         """`step` with the version registered for it; `before`: the rounds that ran before it."""
@@ -249,7 +249,7 @@ class Release:
             **({"rehearsal_of": cfg.rehearsal.recipe} if cfg.rehearsal else {}),  # grpo-pipeline rehearse
             **({**self.clean.tags(), "decontam.line": self.clean.line()} if self.clean else {}),  # dropped rows
         }
-        gating, recipe = cfg.gating_suite(), self.recipe or cfg
+        gating, recipe = cfg.gating_suite(), self.recipe
         start = {"sft" if recipe.sft.enabled else "base": self.baselines}  # the policy the stages started from
         registration = self.run(
             f"register-{step.label}", register,

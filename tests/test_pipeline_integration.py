@@ -82,15 +82,17 @@ class Plan:
     later one): each test's time is its own run's. A failed rerun fails only the tests that read it."""
 
     def __init__(
-        self, micro_run: MicroRun, prefect_api: str, plan: dict[str, tuple[str, ...]], readers: dict[str, str],
-        request: pytest.FixtureRequest,
+        self, micro_run: MicroRun, prefect_api: str, request: pytest.FixtureRequest,
+        plan: dict[str, tuple[str, tuple[str, ...]]],
     ):  # fmt: skip
-        self.micro_run, self.prefect_api, self.plan = micro_run, prefect_api, plan
+        """`plan`: each run's name -> the test that reads it, and the run's overrides."""
+        self.micro_run, self.prefect_api = micro_run, prefect_api
+        self.plan = {name: extra for name, (_, extra) in plan.items()}
         self.done: dict[str, Rerun] = {}
-        # only the runs that a test of this session reads (`readers`: run -> its test), so that a run whose test is
-        # not selected (another tier's, or left out by -k) costs nothing
+        # only the runs that a test of this session reads, so that a run whose test is not selected (another tier's,
+        # or left out by -k) costs nothing
         selected = {getattr(item, "originalname", item.name) for item in request.session.items}
-        self.wanted = {name for name, test in readers.items() if test in selected}
+        self.wanted = {name for name, (test, _) in plan.items() if test in selected}
 
     def __getitem__(self, wanted: str) -> Rerun:
         store = self.micro_run.store
@@ -113,18 +115,12 @@ def reruns(micro_run: MicroRun, prefect_api: str, request: pytest.FixtureRequest
     `grpo-changed` must train; the damaged checkpoint comes last, so the other runs never see it (a rebuilt SFT
     checkpoint is what `round_reruns`, if it runs after, starts from)."""
     plan = {
-        "warm": (),
-        "grpo-changed": ("grpo.learning_rate=3e-4",),
-        "refresh": ("grpo.learning_rate=2e-4", "--refresh"),
-        "damaged": (),
+        "warm": ("test_unchanged_rerun_is_fully_cached", ()),
+        "grpo-changed": ("test_changed_grpo_value_reruns_only_the_grpo_side", ("grpo.learning_rate=3e-4",)),
+        "refresh": ("test_refresh_reruns_everything", ("grpo.learning_rate=2e-4", "--refresh")),
+        "damaged": ("test_a_cached_result_whose_files_changed_on_disk_is_rebuilt", ()),
     }
-    readers = {
-        "warm": "test_unchanged_rerun_is_fully_cached",
-        "grpo-changed": "test_changed_grpo_value_reruns_only_the_grpo_side",
-        "refresh": "test_refresh_reruns_everything",
-        "damaged": "test_a_cached_result_whose_files_changed_on_disk_is_rebuilt",
-    }
-    return Plan(micro_run, prefect_api, plan, readers, request)
+    return Plan(micro_run, prefect_api, request, plan)
 
 
 @pytest.fixture(scope="module")
@@ -133,21 +129,23 @@ def round_reruns(micro_run: MicroRun, prefect_api: str, request: pytest.FixtureR
     round in `make test`), each under a model name of its own (the later registry.model_name wins
     over run_pipeline's), from the cached SFT policy."""
     plan = {
-        "rounds": ("registry.model_name=micro-rounds", "grpo.rounds=2", "grpo.beta=0.04"),
+        "rounds": (
+            "test_iterative_rounds_start_from_the_last_policy",
+            ("registry.model_name=micro-rounds", "grpo.rounds=2", "grpo.beta=0.04"),
+        ),
         # rounds that must beat their start by half the confirming probe rows: round 1 returns its start
         "returned-start": (
-            "registry.model_name=micro-kept",
-            "grpo.rounds=3",
-            "grpo.keep=best_probe",
-            "grpo.keep_over_start=true",
-            "grpo.keep_margin=0.5",
+            "test_a_round_that_returned_its_start_is_not_registered_and_ends_the_rounds",
+            (
+                "registry.model_name=micro-kept",
+                "grpo.rounds=3",
+                "grpo.keep=best_probe",
+                "grpo.keep_over_start=true",
+                "grpo.keep_margin=0.5",
+            ),
         ),
     }
-    readers = {
-        "rounds": "test_iterative_rounds_start_from_the_last_policy",
-        "returned-start": "test_a_round_that_returned_its_start_is_not_registered_and_ends_the_rounds",
-    }
-    return Plan(micro_run, prefect_api, plan, readers, request)
+    return Plan(micro_run, prefect_api, request, plan)
 
 
 def test_cold_run_trains_evaluates_and_registers(micro_run: MicroRun):
